@@ -1,0 +1,235 @@
+"""Float64 oracles for every dsv4 op, written from the contracts alone.
+
+Nothing here shares code with csrc/: attention is computed by building the full score matrix
+and masking it explicitly, the linear-attention recurrences token by token. Inputs of any
+dtype/device are copied to CPU float64; results are float64 CPU tensors.
+
+This module imports only torch, so it can be loaded without the compiled extension.
+"""
+import math
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["attention", "merge_attn_states", "gated_delta_rule", "simple_gla"]
+
+
+def _f64(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.detach().to(device="cpu", dtype=torch.float64)
+
+
+def _seq_bounds(cu_seqlens: Tensor) -> List[Tuple[int, int]]:
+    cu = [int(x) for x in cu_seqlens.detach().cpu().tolist()]
+    return list(zip(cu[:-1], cu[1:]))
+
+
+# ----------------------------------------------------------------------------- softmax attention
+
+
+def _attention_dense(q, k, v, scale, causal, window_left, sinks):
+    """q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), all float64 CPU.
+
+    Returns out (B, Sq, Hq, Dv) and lse (B, Hq, Sq).
+    """
+    b, sq, hq, _ = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    if hq % hkv != 0:
+        raise ValueError(f"reference.attention: Hq ({hq}) must be a multiple of Hkv ({hkv})")
+    group = hq // hkv
+    # Query head h reads kv head h // group.
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale  # (B, Hq, Sq, Sk)
+
+    # Bottom-right aligned positions: query i sits at key position i + Sk - Sq.
+    p = torch.arange(sq).view(sq, 1) + (sk - sq)
+    j = torch.arange(sk).view(1, sk)
+    visible = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        visible &= j <= p
+    if window_left >= 0:
+        visible &= j >= p - window_left
+    s = s.masked_fill(~visible, -math.inf)
+
+    row_max = torch.full((b, hq, sq, 1), -math.inf, dtype=torch.float64)
+    if sk > 0:
+        row_max = s.amax(dim=-1, keepdim=True)
+    if sinks is not None:
+        sink = sinks.view(1, hq, 1, 1).expand(b, hq, sq, 1)
+        row_max = torch.maximum(row_max, sink)
+    # Rows with nothing visible (and no sink) have row_max = -inf; shift by 0 there instead.
+    shift = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    p_exp = torch.exp(s - shift)  # exp(-inf) = 0 for masked keys
+    z = p_exp.sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        z = z + torch.exp(sink - shift)
+
+    safe_z = torch.where(z > 0, z, torch.ones_like(z))
+    out = torch.einsum("bhij,bjhd->bihd", p_exp / safe_z, v)  # (B, Sq, Hq, Dv)
+    lse = torch.where(z > 0, torch.log(safe_z) + shift, torch.full_like(z, -math.inf))
+    return out, lse.squeeze(-1)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    window_left: int = -1,
+    sinks: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Softmax attention by explicit masking; the oracle for dsv4.fmha.
+
+    Dense: q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv) -> out (B, Sq, Hq, Dv),
+    lse (B, Hq, Sq). Varlen (both cu_seqlens, (N+1,)): q (total_q, Hq, D),
+    k/v (total_k, Hkv, D|Dv) -> out (total_q, Hq, Dv), lse (Hq, total_q).
+    A row with no visible key and no sink gives out = 0, lse = -inf.
+    """
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("reference.attention: give both cu_seqlens_q and cu_seqlens_k, or neither")
+    q, k, v, sinks = _f64(q), _f64(k), _f64(v), _f64(sinks)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+
+    if cu_seqlens_q is None:
+        return _attention_dense(q, k, v, scale, causal, window_left, sinks)
+
+    bounds_q, bounds_k = _seq_bounds(cu_seqlens_q), _seq_bounds(cu_seqlens_k)
+    if len(bounds_q) != len(bounds_k):
+        raise ValueError("reference.attention: cu_seqlens_q and cu_seqlens_k differ in length")
+    total_q, hq = q.shape[0], q.shape[1]
+    out = torch.zeros(total_q, hq, v.shape[-1], dtype=torch.float64)
+    lse = torch.full((hq, total_q), -math.inf, dtype=torch.float64)
+    for (q0, q1), (k0, k1) in zip(bounds_q, bounds_k):
+        if q1 == q0:
+            continue
+        o_seq, lse_seq = _attention_dense(
+            q[q0:q1].unsqueeze(0), k[k0:k1].unsqueeze(0), v[k0:k1].unsqueeze(0),
+            scale, causal, window_left, sinks,
+        )
+        out[q0:q1] = o_seq[0]
+        lse[:, q0:q1] = lse_seq[0]
+    return out, lse
+
+
+def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor,
+                      lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """Combine two partial attentions over disjoint key sets (dense or varlen layout).
+
+    lse_* are (B, H, S) for out_* (B, S, H, Dv), or (H, total) for out_* (total, H, Dv).
+    """
+    out_a, lse_a, out_b, lse_b = _f64(out_a), _f64(lse_a), _f64(out_b), _f64(lse_b)
+    lse = torch.logaddexp(lse_a, lse_b)
+    finite = torch.isfinite(lse)
+    safe = torch.where(finite, lse, torch.zeros_like(lse))
+    w_a = torch.where(finite, torch.exp(lse_a - safe), torch.zeros_like(lse))
+    w_b = torch.where(finite, torch.exp(lse_b - safe), torch.zeros_like(lse))
+    # Move the weights into out's layout: (B, H, S) -> (B, S, H, 1); (H, T) -> (T, H, 1).
+    if out_a.dim() == 4:
+        w_a, w_b = w_a.transpose(1, 2).unsqueeze(-1), w_b.transpose(1, 2).unsqueeze(-1)
+    else:
+        w_a, w_b = w_a.transpose(0, 1).unsqueeze(-1), w_b.transpose(0, 1).unsqueeze(-1)
+    return out_a * w_a + out_b * w_b, lse
+
+
+# ----------------------------------------------------------------------------- linear attention
+
+
+def _recurrence(q, k, v, g, beta, scale, initial_state, cu_seqlens, op):
+    """Shared driver for the token-by-token linear-attention oracles.
+
+    q, k (B, T, H, K); v (B, T, HV, V); g (B, T, HV); beta (B, T, HV) or None (simple GLA).
+    """
+    q, k, v, g, beta, initial_state = map(_f64, (q, k, v, g, beta, initial_state))
+    b, t_len, h, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    if hv % h != 0:
+        raise ValueError(f"{op}: HV ({hv}) must be a multiple of H ({h})")
+    if scale is None:
+        scale = dk ** -0.5
+    # v-head hv reads qk-head hv // (HV / H).
+    q = q.repeat_interleave(hv // h, dim=2)
+    k = k.repeat_interleave(hv // h, dim=2)
+
+    if cu_seqlens is None:
+        # One sequence per batch row; vectorize the recurrence over (B, HV).
+        state = (initial_state.clone() if initial_state is not None
+                 else torch.zeros(b, hv, dk, dv, dtype=torch.float64))
+        o = torch.empty(b, t_len, hv, dv, dtype=torch.float64)
+        for t in range(t_len):
+            state, o[:, t] = _step(state, q[:, t], k[:, t], v[:, t], g[:, t],
+                                   None if beta is None else beta[:, t], scale)
+        return o, state
+
+    if b != 1:
+        raise ValueError(f"{op}: varlen needs B == 1 (got B = {b})")
+    bounds = _seq_bounds(cu_seqlens)
+    n_seq = len(bounds)
+    final = (initial_state.clone() if initial_state is not None
+             else torch.zeros(n_seq, hv, dk, dv, dtype=torch.float64))
+    o = torch.zeros(1, t_len, hv, dv, dtype=torch.float64)
+    for i, (t0, t1) in enumerate(bounds):
+        state = final[i:i + 1]
+        for t in range(t0, t1):
+            state, o[:, t] = _step(state, q[:, t], k[:, t], v[:, t], g[:, t],
+                                   None if beta is None else beta[:, t], scale)
+        final[i] = state[0]
+    return o, final
+
+
+def _step(state, q_t, k_t, v_t, g_t, beta_t, scale):
+    """One token. state (N, HV, K, V); q_t, k_t (N, HV, K); v_t (N, HV, V); g_t, beta_t (N, HV)."""
+    state = state * torch.exp(g_t)[..., None, None]
+    if beta_t is None:
+        write = v_t  # simple GLA: S <- S + k v^T
+    else:
+        predicted = torch.einsum("nhk,nhkv->nhv", k_t, state)  # S^T k
+        write = beta_t[..., None] * (v_t - predicted)  # delta rule: u = beta (v - S^T k)
+    state = state + k_t[..., :, None] * write[..., None, :]
+    o_t = scale * torch.einsum("nhk,nhkv->nhv", q_t, state)
+    return state, o_t
+
+
+def gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[Tensor] = None,
+    cu_seqlens: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Gated delta rule, token by token; the oracle for dsv4.chunk_gated_delta_rule.
+
+    Per token: S <- exp(g_t) S; u_t = beta_t (v_t - S^T k_t); S <- S + k_t u_t^T;
+    o_t = scale S^T q_t. Returns o (B, T, HV, V) and final_state (N, HV, K, V), float64.
+    """
+    return _recurrence(q, k, v, g, beta, scale, initial_state, cu_seqlens,
+                       "reference.gated_delta_rule")
+
+
+def simple_gla(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[Tensor] = None,
+    cu_seqlens: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Simple gated linear attention, token by token; the oracle for dsv4.chunk_simple_gla.
+
+    Per token: S <- exp(g_t) S + k_t v_t^T; o_t = scale S^T q_t.
+    Returns o (B, T, HV, V) and final_state (N, HV, K, V), float64.
+    """
+    return _recurrence(q, k, v, g, None, scale, initial_state, cu_seqlens,
+                       "reference.simple_gla")
