@@ -1,0 +1,172 @@
+"""Typed wrappers over torch.ops.dsv4 and their fake kernels for torch.compile.
+
+The C++ launchers (csrc/) validate every input; these wrappers only shape the call.
+The contracts are written out in README.md.
+"""
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+_ops = torch.ops.dsv4
+
+
+def fmha(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: Optional[float] = None,
+    causal: bool = False,
+    window_left: int = -1,
+    sinks: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+    max_seqlen_q: int = -1,
+    max_seqlen_k: int = -1,
+    return_lse: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Softmax attention with GQA/MQA, bottom-right causal masking, a left window and sinks.
+
+    Dense: q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv).
+    Varlen (both cu_seqlens given): q (total_q, Hq, D), k/v (total_k, Hkv, D|Dv),
+    cu_seqlens int32 (N+1,). Query i of a sequence sits at position i + Sk - Sq;
+    key j is visible iff (not causal or j <= p) and (window_left < 0 or j >= p - window_left).
+    sinks: fp32 (Hq,), one extra logit per head in the softmax denominator.
+
+    Returns out (q's dtype, shape of q with Dv last) and, with return_lse, lse in fp32,
+    natural log, (B, Hq, Sq) dense or (Hq, total_q) varlen. A row with nothing visible and
+    no sink gives out = 0, lse = -inf. max_seqlen_* (>= the longest sequence) avoid a host
+    sync on the varlen path; left at -1 they are read from cu_seqlens.
+    """
+    out, lse = _ops.fmha(
+        q, k, v,
+        scale=scale, causal=causal, window_left=window_left, sinks=sinks,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+    )
+    return (out, lse) if return_lse else out
+
+
+def fmha_path(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    window_left: int = -1,
+    sinks: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+) -> str:
+    """Name of the implementation that fmha would run for these arguments ('sm90' or 'reference')."""
+    return _ops.fmha_path(
+        q, k, v, causal=causal, window_left=window_left, sinks=sinks,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+    )
+
+
+def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """Exact attention over the union of two disjoint key sets from each set's (out, lse).
+
+    lse = logaddexp(lse_a, lse_b); out = out_a*exp(lse_a - lse) + out_b*exp(lse_b - lse).
+    Accepts fmha's dense and varlen layouts; a side at -inf contributes nothing.
+    """
+    return _ops.merge_attn_states(out_a, lse_a, out_b, lse_b)
+
+
+def chunk_gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """Gated DeltaNet forward (Qwen3-Next), computed in 64-token chunks.
+
+    q, k (B, T, H, K); v (B, T, HV, V); g (log decay) and beta fp32 (B, T, HV); HV % H == 0.
+    Per (sequence, v-head) with fp32 state S (K, V): S <- exp(g_t) S;
+    u_t = beta_t (v_t - S^T k_t); S <- S + k_t u_t^T; o_t = scale S^T q_t.
+    Varlen: B == 1 and cu_seqlens int32 (N+1,). initial_state / final_state fp32 (N, HV, K, V).
+    Returns (o in v's dtype (B, T, HV, V), final_state or None).
+    """
+    return _ops.chunk_gated_delta_rule(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+    )
+
+
+def chunk_simple_gla(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[Tensor] = None,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """Simple gated linear attention: S <- exp(g_t) S + k_t v_t^T; o_t = scale S^T q_t.
+
+    Same shapes and conventions as chunk_gated_delta_rule, without beta.
+    """
+    return _ops.chunk_simple_gla(
+        q, k, v, g, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+    )
+
+
+def chunk_gla_path(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens: Optional[Tensor] = None) -> str:
+    """Name of the implementation the chunked ops would run for these arguments."""
+    return _ops.chunk_gla_path(q, k, v, cu_seqlens=cu_seqlens)
+
+
+# ----------------------------------------------------------------------------- fake kernels
+# Shapes only; the real launchers validate. These let torch.compile(fullgraph=True) trace the ops.
+
+
+@torch.library.register_fake("dsv4::fmha")
+def _fmha_fake(q, k, v, *, scale=None, causal=False, window_left=-1, sinks=None,
+               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=-1, max_seqlen_k=-1):
+    dv = v.shape[-1]
+    out = q.new_empty((*q.shape[:-1], dv))
+    if cu_seqlens_q is not None:
+        total_q, hq = q.shape[0], q.shape[1]
+        lse = q.new_empty((hq, total_q), dtype=torch.float32)
+    else:
+        b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+        lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.register_fake("dsv4::merge_attn_states")
+def _merge_fake(out_a, lse_a, out_b, lse_b):
+    return torch.empty_like(out_a, memory_format=torch.contiguous_format), \
+        torch.empty_like(lse_a, dtype=torch.float32, memory_format=torch.contiguous_format)
+
+
+def _chunk_fake(q, v, initial_state, output_final_state, cu_seqlens):
+    o = v.new_empty(v.shape)
+    if not output_final_state:
+        return o, None
+    n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+    hv, dk, dv = v.shape[2], q.shape[3], v.shape[3]
+    return o, q.new_empty((n, hv, dk, dv), dtype=torch.float32)
+
+
+@torch.library.register_fake("dsv4::chunk_gated_delta_rule")
+def _gdr_fake(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+              cu_seqlens=None):
+    return _chunk_fake(q, v, initial_state, output_final_state, cu_seqlens)
+
+
+@torch.library.register_fake("dsv4::chunk_simple_gla")
+def _gla_fake(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
+              cu_seqlens=None):
+    return _chunk_fake(q, v, initial_state, output_final_state, cu_seqlens)
