@@ -1,0 +1,118 @@
+"""dsv4.merge_attn_states: merging fmha over two disjoint key halves equals fmha over all keys.
+
+Split points include 0 and Sk, so one side is empty (Sk = 0: out = 0, lse = -inf) and the
+merge must pass the other side through without NaN. Dense and varlen layouts.
+"""
+import math
+
+import pytest
+import torch
+
+from dsv4_attn import ops
+from dsv4_attn import reference as ref
+
+from conftest import (HALF_DTYPES, assert_close_to_ref, assert_lse_close, cu_seqlens, rand,
+                      randn)
+
+
+@pytest.mark.parametrize("split", [0, 1, 100, 239], ids=lambda s: f"split{s}")
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=["bf16", "fp16"])
+def test_merge_dense_halves(gen, device, dtype, split):
+    b, sq, sk, hq, hkv, d = 2, 65, 239, 8, 2, 128
+    q = randn(gen, b, sq, hq, d, dtype=dtype, device=device)
+    k = randn(gen, b, sk, hkv, d, dtype=dtype, device=device)
+    v = randn(gen, b, sk, hkv, d, dtype=dtype, device=device)
+    out_a, lse_a = ops.fmha(q, k[:, :split], v[:, :split], return_lse=True)
+    out_b, lse_b = ops.fmha(q, k[:, split:], v[:, split:], return_lse=True)
+    out, lse = ops.merge_attn_states(out_a, lse_a, out_b, lse_b)
+
+    assert out.dtype == dtype and out.shape == (b, sq, hq, d) and out.device == q.device
+    want_out, want_lse = ref.attention(q, k, v)
+    assert_close_to_ref(out, want_out, dtype)
+    assert_lse_close(lse, want_lse)
+    whole_out, whole_lse = ops.fmha(q, k, v, return_lse=True)
+    assert_close_to_ref(out, whole_out, dtype, what="merged vs whole fmha")
+    assert_lse_close(lse, whole_lse, atol=1e-4, what="merged lse vs whole fmha")
+    if split in (0, sk):  # one side empty: the other passes through unchanged
+        full_side = out_b if split == 0 else out_a
+        assert torch.equal(out, full_side)
+
+
+def _split_varlen(x, lens, splits):
+    """Per sequence i, rows [0, splits[i]) go to side a and the rest to side b."""
+    a, b, start = [], [], 0
+    for n, s in zip(lens, splits):
+        a.append(x[start:start + s])
+        b.append(x[start + s:start + n])
+        start += n
+    return torch.cat(a), torch.cat(b)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=["bf16", "fp16"])
+def test_merge_varlen_halves(gen, device, dtype):
+    lens_q = [3, 0, 65, 1, 7]
+    lens_k = [7, 5, 64, 113, 0]
+    splits = [0, 2, 64, 50, 0]  # sequence 0: side a empty; sequence 2: side b empty
+    hq, hkv, d = 4, 1, 64
+    q = randn(gen, sum(lens_q), hq, d, dtype=dtype, device=device)
+    k = randn(gen, sum(lens_k), hkv, d, dtype=dtype, device=device)
+    v = randn(gen, sum(lens_k), hkv, d, dtype=dtype, device=device)
+    cu_q = cu_seqlens(lens_q, device)
+    k_a, k_b = _split_varlen(k, lens_k, splits)
+    v_a, v_b = _split_varlen(v, lens_k, splits)
+    cu_a = cu_seqlens(splits, device)
+    cu_b = cu_seqlens([n - s for n, s in zip(lens_k, splits)], device)
+
+    out_a, lse_a = ops.fmha(q, k_a, v_a, cu_seqlens_q=cu_q, cu_seqlens_k=cu_a, return_lse=True)
+    out_b, lse_b = ops.fmha(q, k_b, v_b, cu_seqlens_q=cu_q, cu_seqlens_k=cu_b, return_lse=True)
+    out, lse = ops.merge_attn_states(out_a, lse_a, out_b, lse_b)
+
+    assert out.shape == q.shape and lse.shape == (hq, sum(lens_q))
+    want_out, want_lse = ref.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_seqlens(
+        lens_k, device))
+    assert_close_to_ref(out, want_out, dtype)
+    # The last sequence has no keys on either side: -inf lse and exact zeros, no NaN.
+    assert_lse_close(lse, want_lse)
+    assert (out[-lens_q[-1]:] == 0).all()
+
+
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES + [torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_merge_matches_oracle_on_random_states(gen, device, dtype, layout):
+    # Arbitrary (out, lse) pairs, including rows where one or both sides are -inf.
+    shape_out = (2, 65, 4, 64) if layout == "dense" else (113, 4, 64)
+    shape_lse = (2, 4, 65) if layout == "dense" else (4, 113)
+    out_a = randn(gen, *shape_out, dtype=dtype, device=device)
+    out_b = randn(gen, *shape_out, dtype=dtype, device=device)
+    lse_a = 4 * randn(gen, *shape_lse, dtype=torch.float32, device=device)
+    lse_b = 4 * randn(gen, *shape_lse, dtype=torch.float32, device=device)
+    drop_a = rand(gen, *shape_lse, device=device) < 0.2
+    drop_b = rand(gen, *shape_lse, device=device) < 0.2
+    lse_a = lse_a.masked_fill(drop_a, -math.inf)
+    lse_b = lse_b.masked_fill(drop_b, -math.inf)
+    # fmha writes out = 0 where lse = -inf; do the same so the oracle's view is consistent.
+    to_out = (lambda m: m.transpose(1, 2).unsqueeze(-1)) if layout == "dense" else (
+        lambda m: m.t().unsqueeze(-1))
+    out_a = out_a.masked_fill(to_out(drop_a), 0)
+    out_b = out_b.masked_fill(to_out(drop_b), 0)
+
+    out, lse = ops.merge_attn_states(out_a, lse_a, out_b, lse_b)
+    want_out, want_lse = ref.merge_attn_states(out_a, lse_a, out_b, lse_b)
+    assert out.dtype == dtype
+    assert_close_to_ref(out, want_out, dtype)
+    assert_lse_close(lse, want_lse, atol=1e-5)
+    both = (drop_a & drop_b).cpu()
+    assert both.any() and (out.cpu()[to_out(both).squeeze(-1)] == 0).all()
+
+
+def test_merge_does_not_modify_inputs(gen, device):
+    out_a = randn(gen, 2, 7, 4, 64, device=device)
+    out_b = randn(gen, 2, 7, 4, 64, device=device)
+    lse_a = randn(gen, 2, 4, 7, dtype=torch.float32, device=device)
+    lse_b = randn(gen, 2, 4, 7, dtype=torch.float32, device=device).masked_fill_(
+        torch.zeros(2, 4, 7, dtype=torch.bool, device=device).bernoulli_(0.3), -math.inf)
+    args = (out_a, lse_a, out_b, lse_b)
+    before = [t.clone() for t in args]
+    ops.merge_attn_states(*args)
+    for a, b in zip(args, before):
+        assert torch.equal(a, b)
