@@ -1,0 +1,151 @@
+// Host side of the sm90 fmha kernel: which calls it covers, tensor-map encoding from the
+// tensors' real strides, and the launch.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+#include "fmha/fmha.h"
+#include "fmha/fmha_sm90_kernel.cuh"
+
+namespace dsv4 {
+namespace {
+
+bool device_is_sm90(int device) {
+  static std::once_flag flags[64];
+  static bool is_sm90[64];
+  TORCH_CHECK(device >= 0 && device < 64, "fmha: CUDA device index out of range (got ", device, ")");
+  std::call_once(flags[device], [device] {
+    cudaDeviceProp prop;
+    C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    is_sm90[device] = prop.major == 9 && prop.minor == 0;
+  });
+  return is_sm90[device];
+}
+
+// TMA wants a 16-byte aligned base and 16-byte multiples for every stride it uses.
+bool tma_compatible(const at::Tensor& t) {
+  const int64_t elem = t.element_size();
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    if (t.size(d) == 1) continue;  // the stride of a size-1 dim is never used
+    const int64_t bytes = t.stride(d) * elem;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (int64_t(1) << 40)) return false;
+  }
+  return true;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                    cudaEnableDefault, &status));
+    TORCH_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr,
+                "fmha: cuTensorMapEncodeTiled is not available from the CUDA driver (status ",
+                static_cast<int>(status), ")");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// Tensor map over a dense (B, S, H, D) tensor with its real strides; box (64, rows, 1, 1)
+// written with the 128-byte swizzle. Coordinates are (d, s, h, b), innermost first.
+CUtensorMap make_tensor_map(const at::Tensor& t, const char* name, uint32_t box_rows) {
+  const int64_t elem = t.element_size();
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.size(3)), static_cast<cuuint64_t>(t.size(1)),
+                        static_cast<cuuint64_t>(t.size(2)), static_cast<cuuint64_t>(t.size(0))};
+  const int64_t torch_dim[3] = {1, 2, 0};  // tensor-map dims 1..3 -> torch dims
+  cuuint64_t strides[3];
+  for (int i = 0; i < 3; ++i) {
+    const int64_t d = torch_dim[i];
+    // A size-1 dim's stride is never used; give TMA any valid value.
+    strides[i] = t.size(d) == 1 ? 16 * ((t.size(3) * elem + 15) / 16)
+                                : static_cast<cuuint64_t>(t.stride(d) * elem);
+  }
+  cuuint32_t box[4] = {64, box_rows, 1, 1};
+  cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType dtype = t.scalar_type() == at::kBFloat16
+                                        ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  CUtensorMap map;
+  const CUresult res = encode_fn()(&map, dtype, 4, t.data_ptr(), dims, strides, box, elem_strides,
+                                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (res != CUDA_SUCCESS) {
+    std::ostringstream msg;
+    msg << "fmha: cuTensorMapEncodeTiled failed for " << name << " (CUresult " << res
+        << "): dims (d, s, h, b) = [" << dims[0] << ", " << dims[1] << ", " << dims[2] << ", "
+        << dims[3] << "], byte strides (s, h, b) = [" << strides[0] << ", " << strides[1] << ", "
+        << strides[2] << "], box = [" << box[0] << ", " << box[1] << ", 1, 1], base "
+        << t.data_ptr();
+    TORCH_CHECK(false, msg.str());
+  }
+  return map;
+}
+
+template <typename Element, int kHeadDim>
+void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
+  using T = FmhaSm90Traits<Element, kHeadDim>;
+  auto kernel = fmha_sm90_kernel<Element, kHeadDim>;
+  // Per function and device; cheap, so set on every launch rather than tracking devices.
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(T::kSmemBytes)));
+  const CUtensorMap tq = make_tensor_map(c.q, "q", T::kBlockM);
+  const CUtensorMap tk = make_tensor_map(c.k, "k", T::kBlockN);
+  const CUtensorMap tv = make_tensor_map(c.v, "v", T::kBlockN);
+
+  FmhaSm90Params p;
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.sinks = c.sinks ? c.sinks->data_ptr<float>() : nullptr;
+  p.seqlen_q = static_cast<int>(c.seqlen_q);
+  p.seqlen_k = static_cast<int>(c.seqlen_k);
+  p.heads_q = static_cast<int>(c.heads_q);
+  p.group = static_cast<int>(c.heads_q / c.heads_kv);
+  p.num_m_blocks = static_cast<int>((c.seqlen_q + T::kBlockM - 1) / T::kBlockM);
+  p.scale_log2 = static_cast<float>(c.scale * 1.4426950408889634);
+  p.causal = c.causal ? 1 : 0;
+  p.window_left = static_cast<int>(c.window_left);
+
+  const dim3 grid(p.num_m_blocks, static_cast<unsigned>(c.heads_q), static_cast<unsigned>(c.batch));
+  kernel<<<grid, T::kThreads, T::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool fmha_sm90_covers(const FmhaCall& c) {
+  if (!c.q.is_cuda() || c.varlen) return false;
+  const char* disable = std::getenv("DSV4_DISABLE_SM90");
+  if (disable != nullptr && disable[0] == '1') return false;
+  if (!device_is_sm90(c.q.get_device())) return false;
+  if (c.head_dim != c.head_dim_v) return false;
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) return false;
+  if (!(c.scale > 0.0)) return false;  // the softmax max is taken before scaling
+  constexpr int64_t kMaxGrid = 65535, kMaxInt = (int64_t(1) << 31) - 1;
+  if (c.batch < 1 || c.seqlen_q < 1 || c.batch > kMaxGrid || c.heads_q > kMaxGrid) return false;
+  if (c.seqlen_k > kMaxInt - c.seqlen_q) return false;
+  return tma_compatible(c.q) && tma_compatible(c.k) && tma_compatible(c.v);
+}
+
+void fmha_sm90(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
+  const bool bf16 = c.q.scalar_type() == at::kBFloat16;
+  switch (c.head_dim) {
+    case 64:
+      return bf16 ? launch<__nv_bfloat16, 64>(c, out, lse) : launch<__half, 64>(c, out, lse);
+    case 128:
+      return bf16 ? launch<__nv_bfloat16, 128>(c, out, lse) : launch<__half, 128>(c, out, lse);
+    case 256:
+      return bf16 ? launch<__nv_bfloat16, 256>(c, out, lse) : launch<__half, 256>(c, out, lse);
+    default:
+      TORCH_CHECK(false, "fmha: the sm90 kernel has no head_dim ", c.head_dim);
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,332 @@
+// sm90a fmha forward: TMA loads, an mbarrier pipeline, wgmma and warp specialization.
+//
+// One CTA computes a 128-row query tile of one (batch, head) against every visible key tile.
+// Roles (384 threads):
+//   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
+//   warpgroups 1 and 2     consumers: 64 query rows each; S = Q K^T (wgmma, both operands in
+//                          shared memory), online softmax in registers, O += P V (wgmma, P from
+//                          registers). 240 registers each.
+//
+// Shared memory: Q [D/64][128 rows][64]; K and V rings of kStages tiles [D/64][kBlockN][64].
+// Every [rows][64] block is one TMA box written with the 128-byte swizzle that wgmma reads.
+//
+// Barrier protocol (phase bits flip once per pass over the ring):
+//   q_full          producer arrive.expect_tx(Q bytes) + TMA     -> consumers wait, phase 0
+//   k_full[s]       producer arrive.expect_tx(tile bytes) + TMA  -> consumers wait before QK^T
+//   k_empty[s]      all 256 consumer threads arrive after QK^T   -> producer waits before reuse
+//   v_full[s]       as k_full, for V                             -> consumers wait before PV
+//   v_empty[s]      all consumer threads arrive after PV         -> producer waits before reuse
+// The producer waits on empty[s] with the opposite parity, so its first pass never blocks; it
+// runs up to kStages tiles ahead, overlapping the loads of tile j+1 with compute on tile j.
+//
+// Masking: key tiles that no row of the CTA can see (causal, window, past Sk) are never
+// loaded; only tiles that straddle a boundary are masked element by element. Rows that see
+// nothing end with out = 0 and lse = -inf, or the sink-only value when a sink is given.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "fmha/fmha_sm90_params.h"
+#include "ptx/math.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace dsv4 {
+
+template <typename Element, int kHeadDim>
+struct FmhaSm90Traits {
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64/128/256");
+  static constexpr int kBlockM = 128;                         // 2 consumer warpgroups x 64 rows
+  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;  // keys per tile
+  static constexpr int kStages = 2;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle atoms along head_dim
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kProducerRegs = 24;
+  static constexpr uint32_t kConsumerRegs = 240;
+
+  struct alignas(1024) SharedStorage {
+    Element q[kColBlocks][kBlockM][64];
+    Element k[kStages][kColBlocks][kBlockN][64];
+    Element v[kStages][kColBlocks][kBlockN][64];
+    uint64_t q_full;
+    uint64_t k_full[kStages], k_empty[kStages];
+    uint64_t v_full[kStages], v_empty[kStages];
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+};
+
+// Key tiles [first, end) that some row of the query tile starting at m0 can see, and the
+// geometry to decide which of them need element masking.
+struct KeyTiles {
+  int first, end;
+  int pos_lo, pos_hi;  // key positions of the tile's first and last valid query rows
+};
+
+__device__ __forceinline__ KeyTiles visible_key_tiles(const FmhaSm90Params& p, int m0,
+                                                      int block_m, int block_n) {
+  KeyTiles t;
+  const int shift = p.seqlen_k - p.seqlen_q;
+  t.pos_lo = m0 + shift;
+  t.pos_hi = min(m0 + block_m, p.seqlen_q) - 1 + shift;
+  const int key_lo = p.window_left >= 0 ? max(0, t.pos_lo - p.window_left) : 0;
+  const int key_hi = p.causal ? min(p.seqlen_k, t.pos_hi + 1) : p.seqlen_k;
+  t.first = key_lo / block_n;
+  t.end = key_hi > key_lo ? (key_hi + block_n - 1) / block_n : t.first;
+  return t;
+}
+
+template <typename Element>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1)
+    fmha_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
+                     const __grid_constant__ CUtensorMap tmap_k,
+                     const __grid_constant__ CUtensorMap tmap_v, const FmhaSm90Params p) {
+  using T = FmhaSm90Traits<Element, kHeadDim>;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
+  constexpr int kColBlocks = T::kColBlocks;
+  const float neg_inf = __int_as_float(0xff800000);
+
+  extern __shared__ uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<typename T::SharedStorage*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  // Longest causal rows first: the last query tile sees the most keys.
+  const int m_block = p.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
+  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
+  const int m0 = m_block * kBlockM;
+  const KeyTiles tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
+  const int num_tiles = tiles.end - tiles.first;
+
+  const uint32_t q_full = ptx::smem_addr(&s.q_full);
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(q_full, 1);
+    for (int i = 0; i < kStages; ++i) {
+      ptx::mbarrier_init(ptx::smem_addr(&s.k_full[i]), 1);
+      ptx::mbarrier_init(ptx::smem_addr(&s.v_full[i]), 1);
+      ptx::mbarrier_init(ptx::smem_addr(&s.k_empty[i]), T::kConsumerThreads);
+      ptx::mbarrier_init(ptx::smem_addr(&s.v_empty[i]), T::kConsumerThreads);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    // ------------------------------------------------------------------ producer
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0 && num_tiles > 0) {
+      ptx::tma_prefetch_descriptor(&tmap_q);
+      ptx::tma_prefetch_descriptor(&tmap_k);
+      ptx::tma_prefetch_descriptor(&tmap_v);
+      ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64, m0, head,
+                         batch);
+      }
+      for (int it = 0; it < num_tiles; ++it) {
+        const int stage = it % kStages;
+        const uint32_t phase = (it / kStages) & 1;
+        const int n0 = (tiles.first + it) * kBlockN;
+        const uint32_t k_full = ptx::smem_addr(&s.k_full[stage]);
+        ptx::mbarrier_wait(ptx::smem_addr(&s.k_empty[stage]), phase ^ 1);
+        ptx::mbarrier_arrive_expect_tx(k_full, T::kTileBytes);
+        for (int cb = 0; cb < kColBlocks; ++cb) {
+          ptx::tma_load_4d(ptx::smem_addr(&s.k[stage][cb][0][0]), &tmap_k, k_full, cb * 64, n0,
+                           kv_head, batch);
+        }
+        const uint32_t v_full = ptx::smem_addr(&s.v_full[stage]);
+        ptx::mbarrier_wait(ptx::smem_addr(&s.v_empty[stage]), phase ^ 1);
+        ptx::mbarrier_arrive_expect_tx(v_full, T::kTileBytes);
+        for (int cb = 0; cb < kColBlocks; ++cb) {
+          ptx::tma_load_4d(ptx::smem_addr(&s.v[stage][cb][0][0]), &tmap_v, v_full, cb * 64, n0,
+                           kv_head, batch);
+        }
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------- consumers
+  ptx::setmaxnreg_inc<T::kConsumerRegs>();
+  const int wg = warpgroup - 1;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  // Accumulator fragment: this thread holds rows r and r + 8 of the warpgroup's 64 rows, and
+  // in each 8-column group j the columns 8j + 2 (lane % 4) + {0, 1}:
+  //   acc[4j + 2i + c] = (row r + 8i, col 8j + 2 (lane % 4) + c).
+  const int row0 = m0 + wg * 64 + warp * 16 + lane / 4;
+  const int col_lane = 2 * (lane % 4);
+
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+  float row_max[2] = {neg_inf, neg_inf};  // running max of scale * log2(e) * s
+  float row_sum[2] = {0.f, 0.f};          // this thread's partial sum of 2^(x - row_max)
+
+  const uint32_t q_base = ptx::smem_addr(&s.q[0][wg * 64][0]);
+  if (num_tiles > 0) ptx::mbarrier_wait(q_full, 0);
+
+  for (int it = 0; it < num_tiles; ++it) {
+    const int stage = it % kStages;
+    const uint32_t phase = (it / kStages) & 1;
+    const int n0 = (tiles.first + it) * kBlockN;
+
+    // ---- S = Q K^T
+    float sacc[kBlockN / 2];
+    ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), phase);
+    const uint32_t k_base = ptx::smem_addr(&s.k[stage][0][0][0]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int cb = 0; cb < kColBlocks; ++cb) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
+        const uint64_t da = ptx::smem_desc_sw128(q_base + cb * kBlockM * 128 + kk * 32, 0, 1024);
+        const uint64_t db = ptx::smem_desc_sw128(k_base + cb * kBlockN * 128 + kk * 32, 0, 1024);
+        ptx::WgmmaSS<kBlockN, Element>::run(sacc, da, db, (cb | kk) != 0);
+      }
+    }
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
+
+    // ---- mask the tiles that straddle a boundary
+    const bool needs_mask = n0 + kBlockN > p.seqlen_k ||
+                            (p.causal && n0 + kBlockN - 1 > tiles.pos_lo) ||
+                            (p.window_left >= 0 && n0 < tiles.pos_hi - p.window_left);
+    if (needs_mask) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int pos = row0 + 8 * i + p.seqlen_k - p.seqlen_q;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int key = n0 + 8 * j + col_lane + c;
+            const bool visible = key < p.seqlen_k && (!p.causal || key <= pos) &&
+                                 (p.window_left < 0 || key >= pos - p.window_left);
+            if (!visible) sacc[4 * j + 2 * i + c] = neg_inf;
+          }
+        }
+      }
+    }
+
+    // ---- online softmax (log2 domain; the scale is folded into one FMA per element)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = neg_inf;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const float new_max = fmaxf(row_max[i], mx * p.scale_log2);
+      const float base = new_max == neg_inf ? 0.f : new_max;  // a row with nothing visible yet
+      const float correction = ptx::exp2_approx(row_max[i] - base);
+      row_max[i] = new_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float e = ptx::exp2_approx(fmaf(sacc[4 * j + 2 * i + c], p.scale_log2, -base));
+          sacc[4 * j + 2 * i + c] = e;
+          sum += e;
+        }
+      }
+      row_sum[i] = row_sum[i] * correction + sum;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        o[4 * j + 2 * i] *= correction;
+        o[4 * j + 2 * i + 1] *= correction;
+      }
+    }
+
+    // ---- P as the A operand: the accumulator layout of two 8-column groups is the m64k16
+    // A fragment, so P converts in place.
+    uint32_t pfrag[kBlockN / 16][4];
+#pragma unroll
+    for (int t = 0; t < kBlockN / 16; ++t) {
+      pfrag[t][0] = pack2<Element>(sacc[8 * t + 0], sacc[8 * t + 1]);
+      pfrag[t][1] = pack2<Element>(sacc[8 * t + 2], sacc[8 * t + 3]);
+      pfrag[t][2] = pack2<Element>(sacc[8 * t + 4], sacc[8 * t + 5]);
+      pfrag[t][3] = pack2<Element>(sacc[8 * t + 6], sacc[8 * t + 7]);
+    }
+
+    // ---- O += P V  (V read MN-major: head_dim contiguous)
+    ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[stage]), phase);
+    const uint32_t v_base = ptx::smem_addr(&s.v[stage][0][0][0]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < kBlockN / 16; ++t) {
+      const uint64_t db = ptx::smem_desc_sw128(v_base + t * 16 * 128, kBlockN * 128, 1024);
+      ptx::WgmmaRS<kHeadDim, Element, 1>::run(o, pfrag[t], db, 1);
+    }
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[stage]));
+  }
+
+  // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse
+  constexpr float kLn2 = 0.6931471805599453f;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float sink_log2 = p.sinks != nullptr ? p.sinks[head] * kLog2e : neg_inf;
+  Element* out = static_cast<Element*>(p.out);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float sum = row_sum[i];
+    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+    sum += __shfl_xor_sync(0xffffffff, sum, 2);
+    float m = row_max[i];
+    float inv = 0.f, lse = neg_inf;
+    if (p.sinks != nullptr) {
+      const float m_all = fmaxf(m, sink_log2);
+      const float keep = ptx::exp2_approx(m - m_all);  // 0 when nothing was visible
+      sum = sum * keep + ptx::exp2_approx(sink_log2 - m_all);
+      inv = keep / sum;
+      lse = (m_all + __log2f(sum)) * kLn2;
+    } else if (sum > 0.f) {
+      inv = 1.f / sum;
+      lse = (m + __log2f(sum)) * kLn2;
+    }
+    const int row = row0 + 8 * i;
+    if (row < p.seqlen_q) {
+      const size_t row_offset =
+          ((static_cast<size_t>(batch) * p.seqlen_q + row) * p.heads_q + head) * kHeadDim;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const uint32_t packed = pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + row_offset + 8 * j + col_lane) = packed;
+      }
+      if (lane % 4 == 0) {
+        p.lse[(static_cast<size_t>(batch) * p.heads_q + head) * p.seqlen_q + row] = lse;
+      }
+    }
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One command for a Hopper machine with torch preinstalled and no network: build in place with
+# all cores, run the gpu tests, compute-sanitizer, the benchmarks and the main command; logs go
+# to $OUT (default ./out); a short summary is printed last.
+#   scripts/gpu_check.sh [--no-bench] [--no-sanitizer] [--quick-bench]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+BENCH=1; SANITIZE=1; BENCH_ARGS=()
+for arg in "$@"; do
+  case "$arg" in
+    --no-bench) BENCH=0 ;;
+    --no-sanitizer) SANITIZE=0 ;;
+    --quick-bench) BENCH_ARGS+=(--quick) ;;
+    *) echo "unknown option $arg"; exit 2 ;;
+  esac
+done
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+declare -A STATUS
+step() {  # step NAME LOGFILE CMD...: run, log, record pass/fail and time
+  local name=$1 log=$2; shift 2
+  local t0=$(date +%s)
+  echo "== $name"
+  "$@" > "$OUT/$log" 2>&1
+  local rc=$?
+  STATUS[$name]="$([ $rc -eq 0 ] && echo PASS || echo "FAIL(rc=$rc)") $(( $(date +%s) - t0 ))s $log"
+  tail -n 4 "$OUT/$log"
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/device.txt" 2>&1
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())' >> "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+step build build.log env DSV4_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace || { echo "build failed"; tail -n 60 "$OUT/build.log"; exit 1; }
+grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c > "$OUT/ptxas.txt"
+step tests_gpu pytest_gpu.log python3 -m pytest tests -m gpu -q -x --durations=15 -p no:cacheprovider
+if [ "$SANITIZE" = 1 ]; then
+  step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_fmha.py
+  step racecheck racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_fmha.py
+fi
+step main main.log python3 -m dsv4_attn
+if [ "$BENCH" = 1 ]; then
+  step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" "${BENCH_ARGS[@]}"
+fi
+
+echo
+echo "================ summary ================"
+cat "$OUT/device.txt" | tail -n 1
+echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads')"
+grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -n 1
+for name in build tests_gpu memcheck racecheck main bench_fmha; do
+  [ -n "${STATUS[$name]+x}" ] && printf '%-10s %s\n' "$name" "${STATUS[$name]}"
+done
+if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_fmha.log" ]; then
+  echo "---- bench_fmha (tail)"; tail -n 40 "$OUT/bench_fmha.log"
+fi
