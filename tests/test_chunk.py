@@ -138,6 +138,25 @@ def test_chunk_explicit_scale_and_strided_inputs(gen, device, op):
     _check(o, final, want_o, want_final, v, (b, hv, dk, dv), True)
 
 
+@pytest.mark.parametrize("op", OPS)
+def test_chunk_strong_decay(gen, device, op):
+    # Cumulative log decay reaches about -1000 inside one chunk: a chunked form that divides
+    # exp(G_i) by exp(G_j) overflows or gives NaN here.
+    q, k, v, _, beta, s0 = _inputs(gen, 1, 130, 1, 2, 32, 48, torch.bfloat16, device, 1)
+    g = (-30.0 * rand(gen, 1, 130, 2)).to(device)
+    (o, final), (want_o, want_final) = _run(op, q, k, v, g, beta, initial_state=s0,
+                                            output_final_state=True)
+    _check(o, final, want_o, want_final, v, (1, 2, 32, 48), True)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_chunk_zero_tokens(gen, device, op):
+    # T = 0: empty o, and the final state is the initial state.
+    q, k, v, g, beta, s0 = _inputs(gen, 2, 0, 1, 2, 32, 48, torch.bfloat16, device, 2)
+    (o, final), _ = _run(op, q, k, v, g, beta, initial_state=s0, output_final_state=True)
+    assert o.shape == (2, 0, 2, 48) and torch.equal(final, s0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("op", OPS)
 def test_chunk_long_sequence(gen, device, op):

@@ -45,6 +45,7 @@ DENSE_CASES = [
     pytest.param(1, 1, 1, 2, 1, 64, 64, True, 0, False, id="sq1-sk1"),
     pytest.param(1, 1023, 1023, 2, 1, 64, 64, True, -1, False, id="long-causal"),
     pytest.param(2, 0, 64, 2, 1, 64, 64, True, -1, False, id="sq0"),
+    pytest.param(0, 7, 9, 2, 1, 64, 64, True, -1, True, id="b0"),
     pytest.param(2, 7, 0, 2, 1, 64, 64, False, -1, False, id="sk0"),
     pytest.param(2, 7, 0, 2, 1, 64, 64, True, -1, True, id="sk0-sinks"),
 ]
