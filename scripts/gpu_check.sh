@@ -30,12 +30,12 @@ step() {  # step NAME LOGFILE CMD...: run, log, record pass/fail and time
   return $rc
 }
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/device.txt" 2>&1
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())' >> "$OUT/device.txt" 2>&1
-cat "$OUT/device.txt"
+# At most 8 files come back from the device machine: keep everything in the logs below.
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+DEVICE=$(python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())' 2>&1)
+echo "$DEVICE"
 
 step build build.log env DSV4_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace || { echo "build failed"; tail -n 60 "$OUT/build.log"; exit 1; }
-grep -E "registers|spill" "$OUT/build.log" | sort | uniq -c > "$OUT/ptxas.txt"
 step tests_gpu pytest_gpu.log python3 -m pytest tests -m gpu -q -x --durations=15 -p no:cacheprovider
 if [ "$SANITIZE" = 1 ]; then
   step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_fmha.py
@@ -48,7 +48,7 @@ fi
 
 echo
 echo "================ summary ================"
-cat "$OUT/device.txt" | tail -n 1
+echo "$DEVICE"
 echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads')"
 grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -n 1
 for name in build tests_gpu memcheck racecheck main bench_fmha; do

@@ -56,6 +56,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 // Tensor map over a dense (B, S, H, D) tensor with its real strides; box (64, rows, 1, 1)
 // written with the 128-byte swizzle. Coordinates are (d, s, h, b), innermost first.
 CUtensorMap make_tensor_map(const at::Tensor& t, const char* name, uint32_t box_rows) {
+  TORCH_CHECK(t.numel() > 0, "fmha: cannot describe an empty ", name, " with a tensor map (shape ",
+              t.sizes(), ")");
   const int64_t elem = t.element_size();
   cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.size(3)), static_cast<cuuint64_t>(t.size(1)),
                         static_cast<cuuint64_t>(t.size(2)), static_cast<cuuint64_t>(t.size(0))};
@@ -130,6 +132,7 @@ bool fmha_sm90_covers(const FmhaCall& c) {
   if (!(c.scale > 0.0)) return false;  // the softmax max is taken before scaling
   constexpr int64_t kMaxGrid = 65535, kMaxInt = (int64_t(1) << 31) - 1;
   if (c.batch < 1 || c.seqlen_q < 1 || c.batch > kMaxGrid || c.heads_q > kMaxGrid) return false;
+  if (c.seqlen_k < 1) return false;  // an empty K has no memory to describe; nothing to compute
   if (c.seqlen_k > kMaxInt - c.seqlen_q) return false;
   return tma_compatible(c.q) && tma_compatible(c.k) && tma_compatible(c.v);
 }

@@ -5,7 +5,9 @@
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
 //   warpgroups 1 and 2     consumers: 64 query rows each; S = Q K^T (wgmma, both operands in
 //                          shared memory), online softmax in registers, O += P V (wgmma, P from
-//                          registers). 240 registers each.
+//                          registers). 240 registers each. Each warpgroup overlaps the softmax
+//                          of tile j with the PV wgmma of tile j-1 (QK^T of tile j is issued
+//                          first, then PV of j-1; wait_group 1 releases S_j alone).
 //
 // Shared memory: Q [D/64][128 rows][64]; K and V rings of kStages tiles [D/64][kBlockN][64].
 // Every [rows][64] block is one TMA box written with the 128-byte swizzle that wgmma reads.
@@ -184,18 +186,10 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   float row_sum[2] = {0.f, 0.f};          // this thread's partial sum of 2^(x - row_max)
 
   const uint32_t q_base = ptx::smem_addr(&s.q[0][wg * 64][0]);
-  if (num_tiles > 0) ptx::mbarrier_wait(q_full, 0);
 
-  for (int it = 0; it < num_tiles; ++it) {
-    const int stage = it % kStages;
-    const uint32_t phase = (it / kStages) & 1;
-    const int n0 = (tiles.first + it) * kBlockN;
-
-    // ---- S = Q K^T
-    float sacc[kBlockN / 2];
-    ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), phase);
+  // S = Q K^T for the tile in `stage` (issued, not waited on).
+  auto issue_qk = [&](float (&sacc)[kBlockN / 2], int stage) {
     const uint32_t k_base = ptx::smem_addr(&s.k[stage][0][0][0]);
-    ptx::wgmma_fence();
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb) {
 #pragma unroll
@@ -205,13 +199,20 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
         ptx::WgmmaSS<kBlockN, Element>::run(sacc, da, db, (cb | kk) != 0);
       }
     }
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
+  };
+  // O += P V for the tile in `stage`; V is read MN-major (head_dim contiguous).
+  auto issue_pv = [&](const uint32_t (&pfrag)[kBlockN / 16][4], int stage) {
+    const uint32_t v_base = ptx::smem_addr(&s.v[stage][0][0][0]);
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
-    ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
-
-    // ---- mask the tiles that straddle a boundary
+    for (int t = 0; t < kBlockN / 16; ++t) {
+      const uint64_t db = ptx::smem_desc_sw128(v_base + t * 16 * 128, kBlockN * 128, 1024);
+      ptx::WgmmaRS<kHeadDim, Element, 1>::run(o, pfrag[t], db, 1);
+    }
+  };
+  // Mask the tile starting at key n0 if it straddles a boundary, then turn the scores into
+  // exponentials (log2 domain; the scale folds into one FMA). Returns nothing; writes the
+  // per-row correction that O must be multiplied by once the previous PV has landed.
+  auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2]) {
     const bool needs_mask = n0 + kBlockN > p.seqlen_k ||
                             (p.causal && n0 + kBlockN - 1 > tiles.pos_lo) ||
                             (p.window_left >= 0 && n0 < tiles.pos_hi - p.window_left);
@@ -231,8 +232,6 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
         }
       }
     }
-
-    // ---- online softmax (log2 domain; the scale is folded into one FMA per element)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float mx = neg_inf;
@@ -244,7 +243,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
       const float new_max = fmaxf(row_max[i], mx * p.scale_log2);
       const float base = new_max == neg_inf ? 0.f : new_max;  // a row with nothing visible yet
-      const float correction = ptx::exp2_approx(row_max[i] - base);
+      correction[i] = ptx::exp2_approx(row_max[i] - base);
       row_max[i] = new_max;
       float sum = 0.f;
 #pragma unroll
@@ -256,39 +255,80 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
           sum += e;
         }
       }
-      row_sum[i] = row_sum[i] * correction + sum;
+      row_sum[i] = row_sum[i] * correction[i] + sum;
+    }
+  };
+  // P as the A operand: the accumulator layout of two 8-column groups is the m64k16 A
+  // fragment, so P converts in place.
+  auto to_a_fragment = [&](const float (&sacc)[kBlockN / 2], uint32_t (&pfrag)[kBlockN / 16][4]) {
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        o[4 * j + 2 * i] *= correction;
-        o[4 * j + 2 * i + 1] *= correction;
+    for (int t = 0; t < kBlockN / 16; ++t) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pfrag[t][r] = pack2<Element>(sacc[8 * t + 2 * r], sacc[8 * t + 2 * r + 1]);
+    }
+  };
+  auto rescale_o = [&](const float (&correction)[2]) {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        o[4 * j + 2 * i] *= correction[i];
+        o[4 * j + 2 * i + 1] *= correction[i];
       }
     }
+  };
 
-    // ---- P as the A operand: the accumulator layout of two 8-column groups is the m64k16
-    // A fragment, so P converts in place.
+  // Intra-warpgroup overlap: while the softmax of tile j runs on the CUDA cores, the tensor
+  // cores work on PV of tile j-1 (and had QK^T of tile j issued just before it).
+  if (num_tiles > 0) {
+    ptx::mbarrier_wait(q_full, 0);
+    float sacc[kBlockN / 2];
     uint32_t pfrag[kBlockN / 16][4];
+    float correction[2];
+
+    ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[0]), 0);
+    ptx::wgmma_fence();
+    issue_qk(sacc, 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
 #pragma unroll
-    for (int t = 0; t < kBlockN / 16; ++t) {
-      pfrag[t][0] = pack2<Element>(sacc[8 * t + 0], sacc[8 * t + 1]);
-      pfrag[t][1] = pack2<Element>(sacc[8 * t + 2], sacc[8 * t + 3]);
-      pfrag[t][2] = pack2<Element>(sacc[8 * t + 4], sacc[8 * t + 5]);
-      pfrag[t][3] = pack2<Element>(sacc[8 * t + 6], sacc[8 * t + 7]);
+    for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[0]));
+    softmax(sacc, tiles.first * kBlockN, correction);  // O is still 0: no rescale
+    to_a_fragment(sacc, pfrag);
+
+    for (int it = 1; it < num_tiles; ++it) {
+      const int stage = it % kStages, prev = (it - 1) % kStages;
+      const uint32_t phase = (it / kStages) & 1, prev_phase = ((it - 1) / kStages) & 1;
+      ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), phase);
+      ptx::wgmma_fence();
+      issue_qk(sacc, stage);
+      ptx::wgmma_commit();
+      ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[prev]), prev_phase);
+      issue_pv(pfrag, prev);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<1>();  // QK^T of tile it has landed; PV of tile it-1 may still run
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
+      ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
+      softmax(sacc, (tiles.first + it) * kBlockN, correction);
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
+      ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[prev]));
+      rescale_o(correction);
+      to_a_fragment(sacc, pfrag);
     }
 
-    // ---- O += P V  (V read MN-major: head_dim contiguous)
-    ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[stage]), phase);
-    const uint32_t v_base = ptx::smem_addr(&s.v[stage][0][0][0]);
+    const int last = (num_tiles - 1) % kStages;
+    ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[last]), ((num_tiles - 1) / kStages) & 1);
     ptx::wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < kBlockN / 16; ++t) {
-      const uint64_t db = ptx::smem_desc_sw128(v_base + t * 16 * 128, kBlockN * 128, 1024);
-      ptx::WgmmaRS<kHeadDim, Element, 1>::run(o, pfrag[t], db, 1);
-    }
+    issue_pv(pfrag, last);
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
-    ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[stage]));
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[last]));
   }
 
   // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse
