@@ -6,7 +6,8 @@ error-prone by hand. Run `python scripts/gen_wgmma.py` after changing the shapes
 """
 import os
 
-SHAPES_N = (64, 128, 256)
+SHAPES_N = (64, 128, 256)  # PV: N = head_dim; QK^T: N = keys per tile
+SS_EXTRA_N = (176,)         # QK^T only
 TYPES = (("bf16", "__nv_bfloat16"), ("f16", "__half"))
 
 HEADER = """\
@@ -82,6 +83,8 @@ def main():
         for n in SHAPES_N:
             parts.append(gen_ss(n, ptype, ctype))
             parts.append(gen_rs(n, ptype, ctype, 1))
+        for n in SS_EXTRA_N:
+            parts.append(gen_ss(n, ptype, ctype))
     parts.append("\n}  // namespace dsv4::ptx\n")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc", "ptx", "wgmma_ops.cuh")
     with open(path, "w") as f:

@@ -1,15 +1,15 @@
 // sm90a fmha forward: TMA loads, an mbarrier pipeline, wgmma and warp specialization.
 //
-// One CTA computes a 128-row query tile of one (batch, head) against every visible key tile.
-// Roles (384 threads):
+// One CTA computes a query tile of one (batch, head) against every visible key tile.
+// Roles (128 threads per warpgroup):
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
-//   warpgroups 1 and 2     consumers: 64 query rows each; S = Q K^T (wgmma, both operands in
+//   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64): 64 query rows each; S = Q K^T (wgmma, both operands in
 //                          shared memory), online softmax in registers, O += P V (wgmma, P from
-//                          registers). 240 registers each. Each warpgroup overlaps the softmax
+//                          registers). 240 (C = 2) or 160 (C = 3) registers each. Each warpgroup overlaps the softmax
 //                          of tile j with the PV wgmma of tile j-1 (QK^T of tile j is issued
 //                          first, then PV of j-1; wait_group 1 releases S_j alone).
 //
-// Shared memory: Q [D/64][128 rows][64]; K and V rings of kStages tiles [D/64][kBlockN][64].
+// Shared memory: Q [D/64][64 C rows][64]; K and V rings of kStages tiles [D/64][kBlockN][64].
 // Every [rows][64] block is one TMA box written with the 128-byte swizzle that wgmma reads.
 //
 // Barrier protocol (phase bits flip once per pass over the ring):
@@ -40,22 +40,31 @@
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 
+// Keys per tile at head_dim 128 (a build-time knob for timing variants against each other).
+#ifndef DSV4_FMHA_D128_BLOCK_N
+#define DSV4_FMHA_D128_BLOCK_N 128
+#endif
+
 namespace dsv4 {
 
 template <typename Element, int kHeadDim>
 struct FmhaSm90Traits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64/128/256");
-  static constexpr int kBlockM = 128;                         // 2 consumer warpgroups x 64 rows
-  static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;  // keys per tile
+  // D = 64 has the least MMA work per softmax element: a third consumer warpgroup keeps the
+  // tensor cores fed. Each consumer warpgroup owns 64 query rows.
+  static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kBlockN = kHeadDim == 64 ? 128 : kHeadDim == 128 ? DSV4_FMHA_D128_BLOCK_N : 64;
   static constexpr int kStages = 2;
-  static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle atoms along head_dim
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);
+  // setmaxnreg budget: 128 * producer + 128 * kConsumers * consumer <= 64K registers.
   static constexpr uint32_t kProducerRegs = 24;
-  static constexpr uint32_t kConsumerRegs = 240;
+  static constexpr uint32_t kConsumerRegs = kConsumers == 3 ? 160 : 240;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register budget");
 
   struct alignas(1024) SharedStorage {
     Element q[kColBlocks][kBlockM][64];
