@@ -1,12 +1,15 @@
-"""One small causal GQA fmha call on the sm90 path, for compute-sanitizer memcheck/racecheck."""
+"""A small causal GQA fmha call on the sm90 path, for compute-sanitizer memcheck/racecheck.
+
+160 work tiles (5 query tiles x 8 heads x 4 batches) exceed the SM count, so persistent CTAs
+reuse their Q buffer and K/V ring across work tiles."""
 import torch
 
 import dsv4_attn
 
 torch.manual_seed(0)
-q = torch.randn(2, 239, 8, 128, device="cuda", dtype=torch.bfloat16)
-k = torch.randn(2, 300, 2, 128, device="cuda", dtype=torch.bfloat16)
-v = torch.randn(2, 300, 2, 128, device="cuda", dtype=torch.bfloat16)
+q = torch.randn(4, 520, 8, 128, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(4, 600, 2, 128, device="cuda", dtype=torch.bfloat16)
+v = torch.randn(4, 600, 2, 128, device="cuda", dtype=torch.bfloat16)
 sinks = torch.randn(8, device="cuda")
 path = dsv4_attn.fmha_path(q, k, v, causal=True, window_left=127, sinks=sinks)
 assert path == "sm90", f"expected the sm90 path, got {path}"

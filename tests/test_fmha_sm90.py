@@ -165,6 +165,10 @@ def _cases():
             cases.append((3, 239, 1023, 8, 2, d, causal, 127, True))
         for window in (0, 1, 127, 1000):
             cases.append((1, 1023, 1023, 4, 1, d, True, window, window == 127))
+        # More work tiles than SMs, so each persistent CTA reuses its Q buffer and ring across
+        # tiles, with fully masked tiles (rows before the first key) interleaved.
+        cases.append((3, 1023, 239, 16, 16, d, True, 1, False))
+        cases.append((3, 1023, 239, 16, 4, d, True, -1, True))
     return cases
 
 

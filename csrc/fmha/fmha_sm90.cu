@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
@@ -15,16 +16,24 @@
 namespace dsv4 {
 namespace {
 
-bool device_is_sm90(int device) {
-  static std::once_flag flags[64];
-  static bool is_sm90[64];
-  TORCH_CHECK(device >= 0 && device < 64, "fmha: CUDA device index out of range (got ", device, ")");
+struct DeviceInfo {
+  bool is_sm90 = false;
+  int num_sms = 0;
+};
+
+const DeviceInfo& device_info(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag flags[kMaxDevices];
+  static DeviceInfo info[kMaxDevices];
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "fmha: CUDA device index must be in [0, ",
+              kMaxDevices, ") (got ", device, ")");
   std::call_once(flags[device], [device] {
     cudaDeviceProp prop;
     C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    is_sm90[device] = prop.major == 9 && prop.minor == 0;
+    info[device].is_sm90 = prop.major == 9 && prop.minor == 0;
+    info[device].num_sms = prop.multiProcessorCount;
   });
-  return is_sm90[device];
+  return info[device];
 }
 
 // TMA wants a 16-byte aligned base and 16-byte multiples for every stride it uses.
@@ -106,6 +115,7 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   p.out = out.data_ptr();
   p.lse = lse.data_ptr<float>();
   p.sinks = c.sinks ? c.sinks->data_ptr<float>() : nullptr;
+  p.batch = static_cast<int>(c.batch);
   p.seqlen_q = static_cast<int>(c.seqlen_q);
   p.seqlen_k = static_cast<int>(c.seqlen_k);
   p.heads_q = static_cast<int>(c.heads_q);
@@ -115,7 +125,10 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   p.causal = c.causal ? 1 : 0;
   p.window_left = static_cast<int>(c.window_left);
 
-  const dim3 grid(p.num_m_blocks, static_cast<unsigned>(c.heads_q), static_cast<unsigned>(c.batch));
+  // Persistent: one CTA per SM walks the work tiles (heaviest first) with a fixed stride.
+  const int64_t num_work = int64_t(p.num_m_blocks) * c.heads_q * c.batch;
+  const dim3 grid(static_cast<unsigned>(
+      std::min<int64_t>(num_work, device_info(c.q.get_device()).num_sms)));
   kernel<<<grid, T::kThreads, T::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -126,12 +139,14 @@ bool fmha_sm90_covers(const FmhaCall& c) {
   if (!c.q.is_cuda() || c.varlen) return false;
   const char* disable = std::getenv("DSV4_DISABLE_SM90");
   if (disable != nullptr && disable[0] == '1') return false;
-  if (!device_is_sm90(c.q.get_device())) return false;
+  if (!device_info(c.q.get_device()).is_sm90) return false;
   if (c.head_dim != c.head_dim_v) return false;
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) return false;
   if (!(c.scale > 0.0)) return false;  // the softmax max is taken before scaling
-  constexpr int64_t kMaxGrid = 65535, kMaxInt = (int64_t(1) << 31) - 1;
-  if (c.batch < 1 || c.seqlen_q < 1 || c.batch > kMaxGrid || c.heads_q > kMaxGrid) return false;
+  constexpr int64_t kMaxInt = (int64_t(1) << 31) - 1;
+  if (c.batch < 1 || c.seqlen_q < 1) return false;
+  // Work-tile indices are int: (Sq / 64 + 1) * Hq * B must fit.
+  if ((c.seqlen_q / 64 + 1) * c.heads_q * c.batch > kMaxInt) return false;
   if (c.seqlen_k < 1) return false;  // an empty K has no memory to describe; nothing to compute
   if (c.seqlen_k > kMaxInt - c.seqlen_q) return false;
   return tma_compatible(c.q) && tma_compatible(c.k) && tma_compatible(c.v);

@@ -1,6 +1,7 @@
 // sm90a fmha forward: TMA loads, an mbarrier pipeline, wgmma and warp specialization.
 //
-// One CTA computes a query tile of one (batch, head) against every visible key tile.
+// Persistent: each CTA walks work tiles (a query tile of one (batch, head)) with a stride of
+// gridDim.x, heaviest first, and computes each against every visible key tile.
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
 //   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64): 64 query rows each; S = Q K^T (wgmma, both operands in
@@ -13,13 +14,18 @@
 // Every [rows][64] block is one TMA box written with the 128-byte swizzle that wgmma reads.
 //
 // Barrier protocol (phase bits flip once per pass over the ring):
-//   q_full          producer arrive.expect_tx(Q bytes) + TMA     -> consumers wait, phase 0
+//   q_full          producer arrive.expect_tx(Q bytes) + TMA     -> consumers wait
+//   q_empty         all consumer threads arrive after their last QK^T of a work tile
+//                                                                -> producer waits before the
+//                                                                   next work tile's Q
 //   k_full[s]       producer arrive.expect_tx(tile bytes) + TMA  -> consumers wait before QK^T
 //   k_empty[s]      all 256 consumer threads arrive after QK^T   -> producer waits before reuse
 //   v_full[s]       as k_full, for V                             -> consumers wait before PV
 //   v_empty[s]      all consumer threads arrive after PV         -> producer waits before reuse
-// The producer waits on empty[s] with the opposite parity, so its first pass never blocks; it
-// runs up to kStages tiles ahead, overlapping the loads of tile j+1 with compute on tile j.
+// The producer waits on empty barriers with the opposite parity, so its first pass never
+// blocks; it runs up to kStages tiles ahead, overlapping the loads of tile j+1 with compute on
+// tile j. Both roles count ring positions (kv_iter) and Q loads (q_round) across work tiles,
+// and both skip a work tile that sees no key; its consumers then write the empty rows.
 //
 // Masking: key tiles that no row of the CTA can see (causal, window, past Sk) are never
 // loaded; only tiles that straddle a boundary are masked element by element. Rows that see
@@ -71,7 +77,7 @@ struct FmhaSm90Traits {
     Element q[kColBlocks][kBlockM][64];
     Element k[kStages][kColBlocks][kBlockN][64];
     Element v[kStages][kColBlocks][kBlockN][64];
-    uint64_t q_full;
+    uint64_t q_full, q_empty;
     uint64_t k_full[kStages], k_empty[kStages];
     uint64_t v_full[kStages], v_empty[kStages];
   };
@@ -96,6 +102,19 @@ __device__ __forceinline__ KeyTiles visible_key_tiles(const FmhaSm90Params& p, i
   t.first = key_lo / block_n;
   t.end = key_hi > key_lo ? (key_hi + block_n - 1) / block_n : t.first;
   return t;
+}
+
+// Work tile t of the persistent schedule -> (m_block, head, batch). All (head, batch) pairs of
+// the last query block come first: under a causal mask those tiles see the most keys, so the
+// heaviest work is handed out first; neighbouring heads share K/V in L2 under GQA.
+struct WorkTile {
+  int m_block, head, batch;
+};
+
+__device__ __forceinline__ WorkTile decode_tile(const FmhaSm90Params& p, int t) {
+  const int per_block = p.heads_q * p.batch;
+  const int rest = t % per_block;
+  return {p.num_m_blocks - 1 - t / per_block, rest % p.heads_q, rest / p.heads_q};
 }
 
 template <typename Element>
@@ -123,16 +142,11 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
-  // Longest causal rows first: the last query tile sees the most keys.
-  const int m_block = p.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
-  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
-  const int m0 = m_block * kBlockM;
-  const KeyTiles tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
-  const int num_tiles = tiles.end - tiles.first;
-
-  const uint32_t q_full = ptx::smem_addr(&s.q_full);
+  const int num_work = p.num_m_blocks * p.heads_q * p.batch;
+  const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
+    ptx::mbarrier_init(q_empty, T::kConsumerThreads);
     for (int i = 0; i < kStages; ++i) {
       ptx::mbarrier_init(ptx::smem_addr(&s.k_full[i]), 1);
       ptx::mbarrier_init(ptx::smem_addr(&s.v_full[i]), 1);
@@ -147,32 +161,44 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   if (warpgroup == 0) {
     // ------------------------------------------------------------------ producer
     ptx::setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x == 0 && num_tiles > 0) {
+    if (threadIdx.x == 0) {
       ptx::tma_prefetch_descriptor(&tmap_q);
       ptx::tma_prefetch_descriptor(&tmap_k);
       ptx::tma_prefetch_descriptor(&tmap_v);
-      ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64, m0, head,
-                         batch);
-      }
-      for (int it = 0; it < num_tiles; ++it) {
-        const int stage = it % kStages;
-        const uint32_t phase = (it / kStages) & 1;
-        const int n0 = (tiles.first + it) * kBlockN;
-        const uint32_t k_full = ptx::smem_addr(&s.k_full[stage]);
-        ptx::mbarrier_wait(ptx::smem_addr(&s.k_empty[stage]), phase ^ 1);
-        ptx::mbarrier_arrive_expect_tx(k_full, T::kTileBytes);
+      int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
+      for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
+        const WorkTile w = decode_tile(p, work);
+        const int m0 = w.m_block * kBlockM, kv_head = w.head / p.group;
+        const KeyTiles tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
+        const int num_tiles = tiles.end - tiles.first;
+        if (num_tiles == 0) continue;  // consumers write the empty rows without loads
+        // Q is released once the consumers' last QK^T of the previous work tile has landed,
+        // so this load overlaps their last PV and epilogue.
+        ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
+        ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
         for (int cb = 0; cb < kColBlocks; ++cb) {
-          ptx::tma_load_4d(ptx::smem_addr(&s.k[stage][cb][0][0]), &tmap_k, k_full, cb * 64, n0,
-                           kv_head, batch);
+          ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64, m0, w.head,
+                           w.batch);
         }
-        const uint32_t v_full = ptx::smem_addr(&s.v_full[stage]);
-        ptx::mbarrier_wait(ptx::smem_addr(&s.v_empty[stage]), phase ^ 1);
-        ptx::mbarrier_arrive_expect_tx(v_full, T::kTileBytes);
-        for (int cb = 0; cb < kColBlocks; ++cb) {
-          ptx::tma_load_4d(ptx::smem_addr(&s.v[stage][cb][0][0]), &tmap_v, v_full, cb * 64, n0,
-                           kv_head, batch);
+        ++q_round;
+        for (int it = 0; it < num_tiles; ++it, ++kv_iter) {
+          const int stage = kv_iter % kStages;
+          const uint32_t phase = (kv_iter / kStages) & 1;
+          const int n0 = (tiles.first + it) * kBlockN;
+          const uint32_t k_full = ptx::smem_addr(&s.k_full[stage]);
+          ptx::mbarrier_wait(ptx::smem_addr(&s.k_empty[stage]), phase ^ 1);
+          ptx::mbarrier_arrive_expect_tx(k_full, T::kTileBytes);
+          for (int cb = 0; cb < kColBlocks; ++cb) {
+            ptx::tma_load_4d(ptx::smem_addr(&s.k[stage][cb][0][0]), &tmap_k, k_full, cb * 64, n0,
+                             kv_head, w.batch);
+          }
+          const uint32_t v_full = ptx::smem_addr(&s.v_full[stage]);
+          ptx::mbarrier_wait(ptx::smem_addr(&s.v_empty[stage]), phase ^ 1);
+          ptx::mbarrier_arrive_expect_tx(v_full, T::kTileBytes);
+          for (int cb = 0; cb < kColBlocks; ++cb) {
+            ptx::tma_load_4d(ptx::smem_addr(&s.v[stage][cb][0][0]), &tmap_v, v_full, cb * 64, n0,
+                             kv_head, w.batch);
+          }
         }
       }
     }
@@ -186,14 +212,13 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   // Accumulator fragment: this thread holds rows r and r + 8 of the warpgroup's 64 rows, and
   // in each 8-column group j the columns 8j + 2 (lane % 4) + {0, 1}:
   //   acc[4j + 2i + c] = (row r + 8i, col 8j + 2 (lane % 4) + c).
-  const int row0 = m0 + wg * 64 + warp * 16 + lane / 4;
   const int col_lane = 2 * (lane % 4);
+  int row0 = 0;     // this thread's first query row in the current work tile
+  KeyTiles tiles{};  // the current work tile's visible key tiles
 
   float o[kHeadDim / 2];
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
-  float row_max[2] = {neg_inf, neg_inf};  // running max of scale * log2(e) * s
-  float row_sum[2] = {0.f, 0.f};          // this thread's partial sum of 2^(x - row_max)
+  float row_max[2];  // running max of scale * log2(e) * s
+  float row_sum[2];  // this thread's partial sum of 2^(x - row_max)
 
   const uint32_t q_base = ptx::smem_addr(&s.q[0][wg * 64][0]);
 
@@ -288,92 +313,111 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
     }
   };
 
-  // Intra-warpgroup overlap: while the softmax of tile j runs on the CUDA cores, the tensor
-  // cores work on PV of tile j-1 (and had QK^T of tile j issued just before it).
-  if (num_tiles > 0) {
-    ptx::mbarrier_wait(q_full, 0);
-    float sacc[kBlockN / 2];
-    uint32_t pfrag[kBlockN / 16][4];
-    float correction[2];
-
-    ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[0]), 0);
-    ptx::wgmma_fence();
-    issue_qk(sacc, 0);
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
+  int kv_iter = 0, q_round = 0;  // as in the producer
+  for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
+    const WorkTile w = decode_tile(p, work);
+    const int head = w.head, batch = w.batch, m0 = w.m_block * kBlockM;
+    tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
+    const int num_tiles = tiles.end - tiles.first;
+    row0 = m0 + wg * 64 + warp * 16 + lane / 4;
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
-    ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[0]));
-    softmax(sacc, tiles.first * kBlockN, correction);  // O is still 0: no rescale
-    to_a_fragment(sacc, pfrag);
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+    row_max[0] = row_max[1] = neg_inf;
+    row_sum[0] = row_sum[1] = 0.f;
 
-    for (int it = 1; it < num_tiles; ++it) {
-      const int stage = it % kStages, prev = (it - 1) % kStages;
-      const uint32_t phase = (it / kStages) & 1, prev_phase = ((it - 1) / kStages) & 1;
-      ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), phase);
+    // Intra-warpgroup overlap: while the softmax of tile j runs on the CUDA cores, the tensor
+    // cores work on PV of tile j-1 (and had QK^T of tile j issued just before it).
+    if (num_tiles > 0) {
+      ptx::mbarrier_wait(q_full, q_round & 1);
+      float sacc[kBlockN / 2];
+      uint32_t pfrag[kBlockN / 16][4];
+      float correction[2];
+
+      const int first = kv_iter % kStages;
+      ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[first]), (kv_iter / kStages) & 1);
       ptx::wgmma_fence();
-      issue_qk(sacc, stage);
+      issue_qk(sacc, first);
       ptx::wgmma_commit();
-      ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[prev]), prev_phase);
-      issue_pv(pfrag, prev);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<1>();  // QK^T of tile it has landed; PV of tile it-1 may still run
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
-      softmax(sacc, (tiles.first + it) * kBlockN, correction);
       ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[prev]));
-      rescale_o(correction);
+  #pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
+      ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[first]));
+      if (num_tiles == 1) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
+      softmax(sacc, tiles.first * kBlockN, correction);  // O is still 0: no rescale
       to_a_fragment(sacc, pfrag);
-    }
 
-    const int last = (num_tiles - 1) % kStages;
-    ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[last]), ((num_tiles - 1) / kStages) & 1);
-    ptx::wgmma_fence();
-    issue_pv(pfrag, last);
-    ptx::wgmma_commit();
-    ptx::wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
-    ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[last]));
-  }
-
-  // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse
-  constexpr float kLn2 = 0.6931471805599453f;
-  constexpr float kLog2e = 1.4426950408889634f;
-  const float sink_log2 = p.sinks != nullptr ? p.sinks[head] * kLog2e : neg_inf;
-  Element* out = static_cast<Element*>(p.out);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float sum = row_sum[i];
-    sum += __shfl_xor_sync(0xffffffff, sum, 1);
-    sum += __shfl_xor_sync(0xffffffff, sum, 2);
-    float m = row_max[i];
-    float inv = 0.f, lse = neg_inf;
-    if (p.sinks != nullptr) {
-      const float m_all = fmaxf(m, sink_log2);
-      const float keep = ptx::exp2_approx(m - m_all);  // 0 when nothing was visible
-      sum = sum * keep + ptx::exp2_approx(sink_log2 - m_all);
-      inv = keep / sum;
-      lse = (m_all + __log2f(sum)) * kLn2;
-    } else if (sum > 0.f) {
-      inv = 1.f / sum;
-      lse = (m + __log2f(sum)) * kLn2;
-    }
-    const int row = row0 + 8 * i;
-    if (row < p.seqlen_q) {
-      const size_t row_offset =
-          ((static_cast<size_t>(batch) * p.seqlen_q + row) * p.heads_q + head) * kHeadDim;
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const uint32_t packed = pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-        *reinterpret_cast<uint32_t*>(out + row_offset + 8 * j + col_lane) = packed;
+      for (int it = 1; it < num_tiles; ++it) {
+        const int cur = kv_iter + it;
+        const int stage = cur % kStages, prev = (cur - 1) % kStages;
+        const uint32_t phase = (cur / kStages) & 1, prev_phase = ((cur - 1) / kStages) & 1;
+        ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), phase);
+        ptx::wgmma_fence();
+        issue_qk(sacc, stage);
+        ptx::wgmma_commit();
+        ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[prev]), prev_phase);
+        issue_pv(pfrag, prev);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<1>();  // QK^T of tile it has landed; PV of tile it-1 may still run
+  #pragma unroll
+        for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
+        ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
+        if (it == num_tiles - 1) ptx::mbarrier_arrive(q_empty);  // last read of Q
+        softmax(sacc, (tiles.first + it) * kBlockN, correction);
+        ptx::wgmma_wait<0>();
+  #pragma unroll
+        for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
+        ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[prev]));
+        rescale_o(correction);
+        to_a_fragment(sacc, pfrag);
       }
-      if (lane % 4 == 0) {
-        p.lse[(static_cast<size_t>(batch) * p.heads_q + head) * p.seqlen_q + row] = lse;
+
+      const int last_iter = kv_iter + num_tiles - 1, last = last_iter % kStages;
+      ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[last]), (last_iter / kStages) & 1);
+      ptx::wgmma_fence();
+      issue_pv(pfrag, last);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+  #pragma unroll
+      for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
+      ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[last]));
+      kv_iter += num_tiles;
+      ++q_round;
+    }
+
+    // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse
+    constexpr float kLn2 = 0.6931471805599453f;
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float sink_log2 = p.sinks != nullptr ? p.sinks[head] * kLog2e : neg_inf;
+    Element* out = static_cast<Element*>(p.out);
+  #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sum = row_sum[i];
+      sum += __shfl_xor_sync(0xffffffff, sum, 1);
+      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      float m = row_max[i];
+      float inv = 0.f, lse = neg_inf;
+      if (p.sinks != nullptr) {
+        const float m_all = fmaxf(m, sink_log2);
+        const float keep = ptx::exp2_approx(m - m_all);  // 0 when nothing was visible
+        sum = sum * keep + ptx::exp2_approx(sink_log2 - m_all);
+        inv = keep / sum;
+        lse = (m_all + __log2f(sum)) * kLn2;
+      } else if (sum > 0.f) {
+        inv = 1.f / sum;
+        lse = (m + __log2f(sum)) * kLn2;
+      }
+      const int row = row0 + 8 * i;
+      if (row < p.seqlen_q) {
+        const size_t row_offset =
+            ((static_cast<size_t>(batch) * p.seqlen_q + row) * p.heads_q + head) * kHeadDim;
+  #pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          const uint32_t packed = pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+          *reinterpret_cast<uint32_t*>(out + row_offset + 8 * j + col_lane) = packed;
+        }
+        if (lane % 4 == 0) {
+          p.lse[(static_cast<size_t>(batch) * p.heads_q + head) * p.seqlen_q + row] = lse;
+        }
       }
     }
   }
