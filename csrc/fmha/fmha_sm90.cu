@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <sstream>
 
@@ -100,6 +101,17 @@ CUtensorMap make_tensor_map(const at::Tensor& t, const char* name, uint32_t box_
   return map;
 }
 
+// A persistent grid (one CTA per SM, static stride over work tiles) overlaps each CTA's next Q
+// load with its last PV and epilogue, but a static stride balances only equal work tiles. With
+// a causal mask or a window the tiles differ, and one CTA per tile lets the hardware balance.
+// DSV4_FMHA_GRID=persistent|per_tile overrides the choice, for timing the variants.
+bool use_persistent_grid(const FmhaCall& c) {
+  const char* grid = std::getenv("DSV4_FMHA_GRID");
+  if (grid != nullptr && std::strcmp(grid, "persistent") == 0) return true;
+  if (grid != nullptr && std::strcmp(grid, "per_tile") == 0) return false;
+  return !c.causal && c.window_left < 0;
+}
+
 template <typename Element, int kHeadDim>
 void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   using T = FmhaSm90Traits<Element, kHeadDim>;
@@ -125,10 +137,10 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   p.causal = c.causal ? 1 : 0;
   p.window_left = static_cast<int>(c.window_left);
 
-  // Persistent: one CTA per SM walks the work tiles (heaviest first) with a fixed stride.
   const int64_t num_work = int64_t(p.num_m_blocks) * c.heads_q * c.batch;
   const dim3 grid(static_cast<unsigned>(
-      std::min<int64_t>(num_work, device_info(c.q.get_device()).num_sms)));
+      use_persistent_grid(c) ? std::min<int64_t>(num_work, device_info(c.q.get_device()).num_sms)
+                             : num_work));
   kernel<<<grid, T::kThreads, T::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

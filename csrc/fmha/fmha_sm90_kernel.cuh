@@ -1,7 +1,9 @@
 // sm90a fmha forward: TMA loads, an mbarrier pipeline, wgmma and warp specialization.
 //
-// Persistent: each CTA walks work tiles (a query tile of one (batch, head)) with a stride of
-// gridDim.x, heaviest first, and computes each against every visible key tile.
+// Each CTA walks work tiles (a query tile of one (batch, head)) with a stride of gridDim.x and
+// computes each against every visible key tile. The launcher picks the grid: one CTA per SM
+// (persistent) when every work tile costs the same, one CTA per work tile otherwise, so the
+// hardware balances causal and windowed work dynamically.
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
 //   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64): 64 query rows each; S = Q K^T (wgmma, both operands in
@@ -104,17 +106,17 @@ __device__ __forceinline__ KeyTiles visible_key_tiles(const FmhaSm90Params& p, i
   return t;
 }
 
-// Work tile t of the persistent schedule -> (m_block, head, batch). All (head, batch) pairs of
-// the last query block come first: under a causal mask those tiles see the most keys, so the
-// heaviest work is handed out first; neighbouring heads share K/V in L2 under GQA.
+// Work tile t -> (m_block, head, batch). Query tiles of one (batch, head) are consecutive, so
+// CTAs running at the same time share that head's K/V in L2; within a head the last query tile
+// (the one that sees the most keys under a causal mask) comes first.
 struct WorkTile {
   int m_block, head, batch;
 };
 
 __device__ __forceinline__ WorkTile decode_tile(const FmhaSm90Params& p, int t) {
-  const int per_block = p.heads_q * p.batch;
-  const int rest = t % per_block;
-  return {p.num_m_blocks - 1 - t / per_block, rest % p.heads_q, rest / p.heads_q};
+  const int head_batch = t / p.num_m_blocks;
+  return {p.num_m_blocks - 1 - t % p.num_m_blocks, head_batch % p.heads_q,
+          head_batch / p.heads_q};
 }
 
 template <typename Element>
