@@ -102,14 +102,17 @@ CUtensorMap make_tensor_map(const at::Tensor& t, const char* name, uint32_t box_
 }
 
 // A persistent grid (one CTA per SM, static stride over work tiles) overlaps each CTA's next Q
-// load with its last PV and epilogue, but a static stride balances only equal work tiles. With
-// a causal mask or a window the tiles differ, and one CTA per tile lets the hardware balance.
+// load with its last PV and epilogue: that pays when a work tile has few key tiles (measured:
+// non-causal Sk = 1k, +10-15%). A static stride balances only equal work tiles, so causal and
+// windowed calls, and long Sk where the per-tile overhead is amortised, get one CTA per work
+// tile and the hardware's dynamic scheduling (benchmarks/NOTES.md has the timings).
 // DSV4_FMHA_GRID=persistent|per_tile overrides the choice, for timing the variants.
 bool use_persistent_grid(const FmhaCall& c) {
   const char* grid = std::getenv("DSV4_FMHA_GRID");
   if (grid != nullptr && std::strcmp(grid, "persistent") == 0) return true;
   if (grid != nullptr && std::strcmp(grid, "per_tile") == 0) return false;
-  return !c.causal && c.window_left < 0;
+  constexpr int64_t kMaxPersistentSeqlenK = 4096;
+  return !c.causal && c.window_left < 0 && c.seqlen_k <= kMaxPersistentSeqlenK;
 }
 
 template <typename Element, int kHeadDim>
