@@ -224,3 +224,26 @@ def test_fmha_reference_path_on_cuda(monkeypatch):
     check_case(3, 113, 239, 8, 2, 128, True, 127, True, expect_path="reference", seed=3)
     check_case(1, 17, 1023, 4, 1, 256, False, -1, False, layout="bhsd",
                expect_path="reference", seed=4)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True])
+def test_fmha_sm90_cuda_graph_replay(causal):
+    """Capturable: no host sync or capture-illegal call on the sm90 path; replays see new data."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = make_inputs(2, 300, 300, 8, 2, 128, torch.bfloat16, "bshd", gen)
+    sinks = torch.randn(8, generator=gen, device="cuda")
+    assert dsv4_attn.fmha_path(q, k, v, causal=causal, sinks=sinks) == "sm90"
+    static = [t.clone() for t in (q, k, v)]
+    dsv4_attn.fmha(*static, causal=causal, sinks=sinks)  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = dsv4_attn.fmha(*static, causal=causal, sinks=sinks, return_lse=True)
+    for _ in range(2):
+        fresh = make_inputs(2, 300, 300, 8, 2, 128, torch.bfloat16, "bshd", gen)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        want_out, want_lse = dsv4_attn.fmha(*fresh, causal=causal, sinks=sinks, return_lse=True)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
