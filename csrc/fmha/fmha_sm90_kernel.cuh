@@ -10,7 +10,9 @@
 //                          shared memory), online softmax in registers, O += P V (wgmma, P from
 //                          registers). 240 (C = 2) or 160 (C = 3) registers each. Each warpgroup overlaps the softmax
 //                          of tile j with the PV wgmma of tile j-1 (QK^T of tile j is issued
-//                          first, then PV of j-1; wait_group 1 releases S_j alone).
+//                          first, then PV of j-1; wait_group 1 releases S_j alone), and the
+//                          warpgroups take turns issuing wgmmas (pingpong, named barriers), so
+//                          one's softmax overlaps another's GEMMs.
 //
 // Shared memory: Q [D/64][64 C rows][64]; K and V rings of kStages tiles [D/64][kBlockN][64].
 // Every [rows][64] block is one TMA box written with the 128-byte swizzle that wgmma reads.
@@ -315,6 +317,17 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
     }
   };
 
+  // Pingpong: consumer warpgroups take turns to issue their wgmmas (round robin through named
+  // barriers 1..C), so one warpgroup's softmax runs while another's GEMMs use the tensor cores.
+  // Every warpgroup issues the same number of slots (num_tiles + 1 per work tile); the last
+  // warpgroup pre-arrives for the first, and warpgroup 0 consumes the one arrival left at exit.
+  constexpr int kSchedulerThreads = 256;  // the waiting warpgroup and the one that hands over
+  auto wait_turn = [&] { ptx::named_barrier_sync(1 + wg, kSchedulerThreads); };
+  auto pass_turn = [&] {
+    ptx::named_barrier_arrive(1 + (wg + 1) % T::kConsumers, kSchedulerThreads);
+  };
+  if (wg == T::kConsumers - 1) pass_turn();
+
   int kv_iter = 0, q_round = 0;  // as in the producer
   for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
     const WorkTile w = decode_tile(p, work);
@@ -337,9 +350,11 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
 
       const int first = kv_iter % kStages;
       ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[first]), (kv_iter / kStages) & 1);
+      wait_turn();
       ptx::wgmma_fence();
       issue_qk(sacc, first);
       ptx::wgmma_commit();
+      pass_turn();
       ptx::wgmma_wait<0>();
   #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
@@ -353,12 +368,14 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
         const int stage = cur % kStages, prev = (cur - 1) % kStages;
         const uint32_t phase = (cur / kStages) & 1, prev_phase = ((cur - 1) / kStages) & 1;
         ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), phase);
+        ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[prev]), prev_phase);
+        wait_turn();
         ptx::wgmma_fence();
         issue_qk(sacc, stage);
         ptx::wgmma_commit();
-        ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[prev]), prev_phase);
         issue_pv(pfrag, prev);
         ptx::wgmma_commit();
+        pass_turn();
         ptx::wgmma_wait<1>();  // QK^T of tile it has landed; PV of tile it-1 may still run
   #pragma unroll
         for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
@@ -375,9 +392,11 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
 
       const int last_iter = kv_iter + num_tiles - 1, last = last_iter % kStages;
       ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[last]), (last_iter / kStages) & 1);
+      wait_turn();
       ptx::wgmma_fence();
       issue_pv(pfrag, last);
       ptx::wgmma_commit();
+      pass_turn();
       ptx::wgmma_wait<0>();
   #pragma unroll
       for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
@@ -423,6 +442,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       }
     }
   }
+  if (wg == 0) wait_turn();  // the last hand-over (or the pre-arrival) is still open
 }
 
 }  // namespace dsv4
