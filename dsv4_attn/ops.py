@@ -71,6 +71,7 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
 
     lse = logaddexp(lse_a, lse_b); out = out_a*exp(lse_a - lse) + out_b*exp(lse_b - lse).
     Accepts fmha's dense and varlen layouts; a side at -inf contributes nothing.
+    out_a/out_b are bf16, fp16 or fp32 (the same dtype, kept for out); lse is fp32.
     """
     return _ops.merge_attn_states(out_a, lse_a, out_b, lse_b)
 
