@@ -62,6 +62,19 @@ inline void check_last_dim_contiguous(const char* op, const char* name, const at
               " must be contiguous in its last dim (got stride ", t.stride(-1), ")");
 }
 
+// q, k, v: defined, bf16 or fp16 alike, on one device.
+inline void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k,
+                      const at::Tensor& v) {
+  check_defined(op, "q", q);
+  check_defined(op, "k", k);
+  check_defined(op, "v", v);
+  check_half_dtype(op, "q", q);
+  check_same_dtype(op, "k", k, "q", q);
+  check_same_dtype(op, "v", v, "q", q);
+  check_same_device(op, "k", k, "q", q);
+  check_same_device(op, "v", v, "q", q);
+}
+
 inline void check_scale(const char* op, std::optional<double> scale) {
   TORCH_CHECK(!scale.has_value() || std::isfinite(*scale), op,
               ": scale must be finite (got ", scale.value_or(0.0), ")");

@@ -26,14 +26,7 @@ FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& cu_seqlens_q,
                            const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q,
                            int64_t max_seqlen_k) {
-  check_defined(kOp, "q", q);
-  check_defined(kOp, "k", k);
-  check_defined(kOp, "v", v);
-  check_half_dtype(kOp, "q", q);
-  check_same_dtype(kOp, "k", k, "q", q);
-  check_same_dtype(kOp, "v", v, "q", q);
-  check_same_device(kOp, "k", k, "q", q);
-  check_same_device(kOp, "v", v, "q", q);
+  check_qkv(kOp, q, k, v);
   TORCH_CHECK(cu_seqlens_q.has_value() == cu_seqlens_k.has_value(), kOp,
               ": cu_seqlens_q and cu_seqlens_k must be given together (got cu_seqlens_q ",
               cu_seqlens_q ? "given" : "None", ", cu_seqlens_k ",
@@ -64,26 +57,19 @@ FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
     c.cu_seqlens_k = cu_seqlens_k->contiguous();
     // Reading cu_seqlens is free on the CPU; on a GPU it is a host sync, taken only when the
     // caller did not pass max_seqlen_* (passing them is the sync-free contract).
-    const bool read_q = q.device().is_cpu() || max_seqlen_q < 0;
-    const bool read_k = q.device().is_cpu() || max_seqlen_k < 0;
-    c.seqlen_q = max_seqlen_q;
-    c.seqlen_k = max_seqlen_k;
-    if (read_q) {
-      const int64_t longest =
-          check_cu_seqlens_values(kOp, "cu_seqlens_q", *cu_seqlens_q, q.size(0), "q.size(0)");
-      TORCH_CHECK(max_seqlen_q < 0 || max_seqlen_q >= longest, kOp,
-                  ": max_seqlen_q must be >= the longest query sequence (", longest, ") (got ",
-                  max_seqlen_q, ")");
-      if (max_seqlen_q < 0) c.seqlen_q = longest;
-    }
-    if (read_k) {
-      const int64_t longest =
-          check_cu_seqlens_values(kOp, "cu_seqlens_k", *cu_seqlens_k, k.size(0), "k.size(0)");
-      TORCH_CHECK(max_seqlen_k < 0 || max_seqlen_k >= longest, kOp,
-                  ": max_seqlen_k must be >= the longest key sequence (", longest, ") (got ",
-                  max_seqlen_k, ")");
-      if (max_seqlen_k < 0) c.seqlen_k = longest;
-    }
+    auto max_seqlen = [&](const char* side, const char* cu_name, const at::Tensor& cu,
+                          int64_t total, const char* total_name, const char* max_name,
+                          int64_t given) {
+      if (!q.device().is_cpu() && given >= 0) return given;
+      const int64_t longest = check_cu_seqlens_values(kOp, cu_name, cu, total, total_name);
+      TORCH_CHECK(given < 0 || given >= longest, kOp, ": ", max_name, " must be >= the longest ",
+                  side, " sequence (", longest, ") (got ", given, ")");
+      return given < 0 ? longest : given;
+    };
+    c.seqlen_q = max_seqlen("query", "cu_seqlens_q", *cu_seqlens_q, q.size(0), "q.size(0)",
+                            "max_seqlen_q", max_seqlen_q);
+    c.seqlen_k = max_seqlen("key", "cu_seqlens_k", *cu_seqlens_k, k.size(0), "k.size(0)",
+                            "max_seqlen_k", max_seqlen_k);
   } else {
     check_dim(kOp, "q", q, 4, "(B, Sq, Hq, D)");
     check_dim(kOp, "k", k, 4, "(B, Sk, Hkv, D)");

@@ -17,15 +17,8 @@ ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q
                              const std::optional<at::Tensor>& initial_state,
                              bool output_final_state,
                              const std::optional<at::Tensor>& cu_seqlens) {
-  check_defined(op, "q", q);
-  check_defined(op, "k", k);
-  check_defined(op, "v", v);
+  check_qkv(op, q, k, v);
   check_defined(op, "g", g);
-  check_half_dtype(op, "q", q);
-  check_same_dtype(op, "k", k, "q", q);
-  check_same_dtype(op, "v", v, "q", q);
-  check_same_device(op, "k", k, "q", q);
-  check_same_device(op, "v", v, "q", q);
   check_same_device(op, "g", g, "q", q);
   check_dim(op, "q", q, 4, "(B, T, H, K)");
   check_dim(op, "k", k, 4, "(B, T, H, K)");
