@@ -2,14 +2,15 @@
 //
 // Each CTA walks work tiles (a query tile of one (batch, head)) with a stride of gridDim.x and
 // computes each against every visible key tile. The launcher picks the grid: one CTA per SM
-// (persistent) when every work tile costs the same, one CTA per work tile otherwise, so the
-// hardware balances causal and windowed work dynamically.
+// (persistent) for equal, short work tiles, one CTA per work tile otherwise, so the hardware
+// balances causal and windowed work dynamically (fmha_sm90.cu says when).
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
-//   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64): 64 query rows each; S = Q K^T (wgmma, both operands in
-//                          shared memory), online softmax in registers, O += P V (wgmma, P from
-//                          registers). 240 (C = 2) or 160 (C = 3) registers each. Each warpgroup overlaps the softmax
-//                          of tile j with the PV wgmma of tile j-1 (QK^T of tile j is issued
+//   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64), 64 query rows each, with
+//                          240 (C = 2) or 160 (C = 3) registers: S = Q K^T (wgmma, both
+//                          operands in shared memory), online softmax in registers, O += P V
+//                          (wgmma, P from registers). Each warpgroup overlaps the softmax of
+//                          tile j with the PV wgmma of tile j-1 (QK^T of tile j is issued
 //                          first, then PV of j-1; wait_group 1 releases S_j alone), and the
 //                          warpgroups take turns issuing wgmmas (pingpong, named barriers), so
 //                          one's softmax overlaps another's GEMMs.
@@ -23,7 +24,7 @@
 //                                                                -> producer waits before the
 //                                                                   next work tile's Q
 //   k_full[s]       producer arrive.expect_tx(tile bytes) + TMA  -> consumers wait before QK^T
-//   k_empty[s]      all 256 consumer threads arrive after QK^T   -> producer waits before reuse
+//   k_empty[s]      all consumer threads arrive after QK^T       -> producer waits before reuse
 //   v_full[s]       as k_full, for V                             -> consumers wait before PV
 //   v_empty[s]      all consumer threads arrive after PV         -> producer waits before reuse
 // The producer waits on empty barriers with the opposite parity, so its first pass never
