@@ -249,9 +249,9 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       ptx::WgmmaRS<kHeadDim, Element, 1>::run(o, pfrag[t], db, 1);
     }
   };
-  // Mask the tile starting at key n0 if it straddles a boundary, then turn the scores into
-  // exponentials (log2 domain; the scale folds into one FMA). Returns nothing; writes the
-  // per-row correction that O must be multiplied by once the previous PV has landed.
+  // Masks the tile starting at key n0 if it straddles a boundary, turns the scores into
+  // exponentials (log2 domain; the scale folds into one FMA) and sets the per-row factor that
+  // O must be multiplied by once the previous PV has landed.
   auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2]) {
     const bool needs_mask = n0 + kBlockN > p.seqlen_k ||
                             (p.causal && n0 + kBlockN - 1 > tiles.pos_lo) ||
