@@ -101,15 +101,18 @@ CUtensorMap make_tensor_map(const at::Tensor& t, const char* name, uint32_t box_
   return map;
 }
 
-// Persistent grid (one CTA per SM; CTAs fetch work tiles from a counter, so they stay
-// balanced, and each CTA loads its next Q during the last PV and epilogue of the current tile)
-// or one CTA per work tile. DSV4_FMHA_GRID=persistent|per_tile overrides the choice, for timing
-// the variants (benchmarks/NOTES.md).
+// A persistent grid (one CTA per SM, static stride over work tiles) overlaps each CTA's next Q
+// load with its last PV and epilogue: that pays when a work tile has few key tiles (measured:
+// non-causal Sk = 1k, +10-15%). A static stride balances only equal work tiles, so causal and
+// windowed calls, and long Sk where the per-tile overhead is amortised, get one CTA per work
+// tile and the hardware's dynamic scheduling (benchmarks/NOTES.md has the timings).
+// DSV4_FMHA_GRID=persistent|per_tile overrides the choice, for timing the variants.
 bool use_persistent_grid(const FmhaCall& c) {
   const char* grid = std::getenv("DSV4_FMHA_GRID");
   if (grid != nullptr && std::strcmp(grid, "persistent") == 0) return true;
   if (grid != nullptr && std::strcmp(grid, "per_tile") == 0) return false;
-  return true;
+  constexpr int64_t kMaxPersistentSeqlenK = 4096;
+  return !c.causal && c.window_left < 0 && c.seqlen_k <= kMaxPersistentSeqlenK;
 }
 
 template <typename Element, int kHeadDim>
@@ -127,9 +130,6 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   p.out = out.data_ptr();
   p.lse = lse.data_ptr<float>();
   p.sinks = c.sinks ? c.sinks->data_ptr<float>() : nullptr;
-  // Stream-ordered zeroing keeps the launch capturable in a CUDA graph.
-  at::Tensor work_counter = at::zeros({1}, c.q.options().dtype(at::kInt));
-  p.work_counter = work_counter.data_ptr<int>();
   p.batch = static_cast<int>(c.batch);
   p.seqlen_q = static_cast<int>(c.seqlen_q);
   p.seqlen_k = static_cast<int>(c.seqlen_k);

@@ -1,9 +1,9 @@
 // sm90a fmha forward: TMA loads, an mbarrier pipeline, wgmma and warp specialization.
 //
-// Each CTA takes work tiles (a query tile of one (batch, head)) from a global counter and
+// Each CTA walks work tiles (a query tile of one (batch, head)) with a stride of gridDim.x and
 // computes each against every visible key tile. The launcher picks the grid: one CTA per SM
-// (persistent: CTAs that finish early take more tiles, and the next tile's Q loads during the
-// last PV and epilogue) or one CTA per work tile (fmha_sm90.cu says when).
+// (persistent) for equal, short work tiles, one CTA per work tile otherwise, so the hardware
+// balances causal and windowed work dynamically (fmha_sm90.cu says when).
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
 //   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64), 64 query rows each, with
@@ -27,9 +27,6 @@
 //   k_empty[s]      all consumer threads arrive after QK^T       -> producer waits before reuse
 //   v_full[s]       as k_full, for V                             -> consumers wait before PV
 //   v_empty[s]      all consumer threads arrive after PV         -> producer waits before reuse
-//   work_full[i]    producer writes work_slot[i] (-1: done) and arrives -> consumers wait
-//   work_empty[i]   all consumer threads arrive once they read it    -> producer waits before
-//                                                                      reusing slot i
 // The producer waits on empty barriers with the opposite parity, so its first pass never
 // blocks; it runs up to kStages tiles ahead, overlapping the loads of tile j+1 with compute on
 // tile j. Both roles count ring positions (kv_iter) and Q loads (q_round) across work tiles,
@@ -86,8 +83,6 @@ struct FmhaSm90Traits {
     Element k[kStages][kColBlocks][kBlockN][64];
     Element v[kStages][kColBlocks][kBlockN][64];
     uint64_t q_full, q_empty;
-    int work_slot[2];                         // work tile index handed to the consumers
-    uint64_t work_full[2], work_empty[2];
     uint64_t k_full[kStages], k_empty[kStages];
     uint64_t v_full[kStages], v_empty[kStages];
   };
@@ -157,10 +152,6 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
     ptx::mbarrier_init(q_empty, T::kConsumerThreads);
-    for (int i = 0; i < 2; ++i) {
-      ptx::mbarrier_init(ptx::smem_addr(&s.work_full[i]), 1);
-      ptx::mbarrier_init(ptx::smem_addr(&s.work_empty[i]), T::kConsumerThreads);
-    }
     for (int i = 0; i < kStages; ++i) {
       ptx::mbarrier_init(ptx::smem_addr(&s.k_full[i]), 1);
       ptx::mbarrier_init(ptx::smem_addr(&s.v_full[i]), 1);
@@ -180,17 +171,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       ptx::tma_prefetch_descriptor(&tmap_k);
       ptx::tma_prefetch_descriptor(&tmap_v);
       int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
-      // Work tiles come from a global counter (the first one is blockIdx.x), so CTAs that
-      // finish early take more; each index goes to the consumers through a 2-slot handshake,
-      // -1 meaning no more work.
-      for (int round = 0;; ++round) {
-        const int work = round == 0 ? static_cast<int>(blockIdx.x)
-                                    : static_cast<int>(gridDim.x) + atomicAdd(p.work_counter, 1);
-        const int slot = round & 1;
-        ptx::mbarrier_wait(ptx::smem_addr(&s.work_empty[slot]), ((round >> 1) & 1) ^ 1);
-        s.work_slot[slot] = work < num_work ? work : -1;
-        ptx::mbarrier_arrive(ptx::smem_addr(&s.work_full[slot]));
-        if (work >= num_work) break;
+      for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
         const WorkTile w = decode_tile(p, work);
         const int m0 = w.m_block * kBlockM, kv_head = w.head / p.group;
         const KeyTiles tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
@@ -349,12 +330,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   if (wg == T::kConsumers - 1) pass_turn();
 
   int kv_iter = 0, q_round = 0;  // as in the producer
-  for (int round = 0;; ++round) {
-    const int slot = round & 1;
-    ptx::mbarrier_wait(ptx::smem_addr(&s.work_full[slot]), (round >> 1) & 1);
-    const int work = s.work_slot[slot];
-    ptx::mbarrier_arrive(ptx::smem_addr(&s.work_empty[slot]));
-    if (work < 0) break;
+  for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
     const WorkTile w = decode_tile(p, work);
     const int head = w.head, batch = w.batch, m0 = w.m_block * kBlockM;
     tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);

@@ -9,7 +9,6 @@ struct FmhaSm90Params {
   void* out;           // (B, Sq, Hq, Dv), contiguous, q's dtype
   float* lse;          // (B, Hq, Sq), contiguous
   const float* sinks;  // (Hq,) or nullptr
-  int* work_counter;   // zeroed before each launch; work tiles past the first wave come from it
   int batch, seqlen_q, seqlen_k;
   int heads_q, group;  // group = Hq / Hkv; query head h reads KV head h / group
   int num_m_blocks;    // query tiles per (batch, head); work tiles = num_m_blocks * Hq * B
