@@ -66,7 +66,9 @@ struct FmhaSm90Traits {
   // tensor cores fed. Each consumer warpgroup owns 64 query rows.
   static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
   static constexpr int kBlockM = 64 * kConsumers;
+  // At head_dim 256 the O accumulator takes 128 registers: 80 keys per tile spill (ptxas).
   static constexpr int kBlockN = kHeadDim == 64 ? 128 : kHeadDim == 128 ? DSV4_FMHA_D128_BLOCK_N : 64;
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "keys per tile: a multiple of 16, <= 256");
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerThreads = 128 * kConsumers;
@@ -87,6 +89,7 @@ struct FmhaSm90Traits {
     uint64_t v_full[kStages], v_empty[kStages];
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
 // Key tiles [first, end) that some row of the query tile starting at m0 can see, and the
