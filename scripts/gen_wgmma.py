@@ -8,6 +8,7 @@ import os
 
 SHAPES_N = (64, 128, 256)  # PV: N = head_dim; QK^T: N = keys per tile
 SS_EXTRA_N = (176,)         # QK^T only
+RS_K_MAJOR_B_N = (64,)      # chunked GLA: B read K-major (kTransB = 0)
 TYPES = (("bf16", "__nv_bfloat16"), ("f16", "__half"))
 
 HEADER = """\
@@ -15,7 +16,7 @@ HEADER = """\
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}: D (64 x N, fp32, registers) += A * B.
 //   ss: A and B from shared memory through matrix descriptors (both K-major).
 //   rs: A from registers (4 x 32-bit per thread, the m64k16 A fragment), B from shared memory;
-//       kTransB = 1 reads B as MN-major (N contiguous).
+//       kTransB = 1 reads B as MN-major (N contiguous), kTransB = 0 as K-major.
 // scale_d = 0 overwrites D instead of accumulating.
 #pragma once
 
@@ -85,6 +86,8 @@ def main():
             parts.append(gen_rs(n, ptype, ctype, 1))
         for n in SS_EXTRA_N:
             parts.append(gen_ss(n, ptype, ctype))
+        for n in RS_K_MAJOR_B_N:
+            parts.append(gen_rs(n, ptype, ctype, 0))
     parts.append("\n}  // namespace dsv4::ptx\n")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc", "ptx", "wgmma_ops.cuh")
     with open(path, "w") as f:

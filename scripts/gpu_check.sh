@@ -38,12 +38,21 @@ echo "$DEVICE"
 step build build.log env DSV4_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace || { echo "build failed"; tail -n 60 "$OUT/build.log"; exit 1; }
 step tests_gpu pytest_gpu.log python3 -m pytest tests -m gpu -q -x --durations=15 -p no:cacheprovider
 if [ "$SANITIZE" = 1 ]; then
-  step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_fmha.py
-  step racecheck racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 python3 scripts/sanitize_fmha.py
+  sanitize() {  # sanitize TOOL: every sanitizer script under one tool, into one log
+    local rc=0 script
+    for script in scripts/sanitize_fmha.py scripts/sanitize_chunk.py; do
+      echo "---- $script"
+      compute-sanitizer --tool "$1" --error-exitcode 3 python3 "$script" || rc=$?
+    done
+    return $rc
+  }
+  step memcheck memcheck.log sanitize memcheck
+  step racecheck racecheck.log sanitize racecheck
 fi
 step main main.log python3 -m dsv4_attn
 if [ "$BENCH" = 1 ]; then
   step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" "${BENCH_ARGS[@]}"
+  step bench_gla bench_gla.log python3 benchmarks/bench_gla.py "${BENCH_ARGS[@]}"
 fi
 
 echo
@@ -51,9 +60,12 @@ echo "================ summary ================"
 echo "$DEVICE"
 echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads')"
 grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -n 1
-for name in build tests_gpu memcheck racecheck main bench_fmha; do
+for name in build tests_gpu memcheck racecheck main bench_fmha bench_gla; do
   [ -n "${STATUS[$name]+x}" ] && printf '%-10s %s\n' "$name" "${STATUS[$name]}"
 done
 if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_fmha.log" ]; then
   echo "---- bench_fmha (tail)"; tail -n 40 "$OUT/bench_fmha.log"
+fi
+if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_gla.log" ]; then
+  echo "---- bench_gla (tail)"; tail -n 14 "$OUT/bench_gla.log"
 fi

@@ -106,3 +106,9 @@ def assert_lse_close(ours, want, atol=1e-3, what="lse"):
     if (~empty).any():
         err = (ours[~empty] - want[~empty]).abs().max().item()
         assert err <= atol, f"{what}: max-abs error {err:.3e} > {atol:.1e}"
+
+
+def poison_allocator(nbytes, device):
+    """Leave NaN bit patterns (0xFF bytes) in the cached blocks the op will allocate from."""
+    blocks = [torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device) for _ in range(2)]
+    del blocks

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 import dsv4_attn
 
+from conftest import poison_allocator
+
 pytestmark = pytest.mark.gpu
 
 
@@ -74,12 +76,6 @@ def lowp_reference(q, k, v, scale, causal, window_left, sinks):
     s = torch.matmul(q.transpose(1, 2), kk.transpose(-1, -2)).float() * scale + bias
     lse = torch.logsumexp(s, -1).masked_fill(dead[None], -math.inf)
     return out, lse
-
-
-def poison_allocator(nbytes, device):
-    """Leave NaN bit patterns (0xFF bytes) in the cached blocks the op will allocate from."""
-    blocks = [torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device) for _ in range(2)]
-    del blocks
 
 
 def make_inputs(b, sq, sk, hq, hkv, d, dtype, layout, gen):

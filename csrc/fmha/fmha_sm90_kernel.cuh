@@ -125,17 +125,6 @@ __device__ __forceinline__ WorkTile decode_tile(const FmhaSm90Params& p, int t) 
           head_batch / p.heads_q};
 }
 
-template <typename Element>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1)
     fmha_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
@@ -307,7 +296,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
 #pragma unroll
     for (int t = 0; t < kBlockN / 16; ++t) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) pfrag[t][r] = pack2<Element>(sacc[8 * t + 2 * r], sacc[8 * t + 2 * r + 1]);
+      for (int r = 0; r < 4; ++r) pfrag[t][r] = ptx::pack2<Element>(sacc[8 * t + 2 * r], sacc[8 * t + 2 * r + 1]);
     }
   };
   auto rescale_o = [&](const float (&correction)[2]) {
@@ -437,7 +426,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
             ((static_cast<size_t>(batch) * p.seqlen_q + row) * p.heads_q + head) * kHeadDim;
   #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
-          const uint32_t packed = pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+          const uint32_t packed = ptx::pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
           *reinterpret_cast<uint32_t*>(out + row_offset + 8 * j + col_lane) = packed;
         }
         if (lane % 4 == 0) {

@@ -1,5 +1,5 @@
-// Launchers for the chunked linear-attention ops: validate every input, then run the portable
-// reference path (the sm90 kernels of issue 4 plug in here).
+// Launchers for the chunked linear-attention ops: validate every input, then run the sm90
+// kernel when it covers the call and the portable reference path otherwise.
 #include "gla/chunk.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -85,7 +85,16 @@ ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q
 std::tuple<at::Tensor, std::optional<at::Tensor>> run_chunk(const ChunkCall& call) {
   c10::DeviceGuard guard(call.q.device());
   at::Tensor o = at::empty(call.v.sizes(), call.v.options());
-  at::Tensor final_state = chunk_reference(call, o);
+  at::Tensor final_state;
+  if (chunk_sm90_covers(call)) {
+    if (call.output_final_state) {
+      final_state = at::empty({call.num_seqs, call.heads_v, call.dim_k, call.dim_v},
+                              call.q.options().dtype(at::kFloat));
+    }
+    chunk_sm90(call, o, final_state);
+  } else {
+    final_state = chunk_reference(call, o);
+  }
   if (!call.output_final_state) return {o, std::nullopt};
   return {o, final_state};
 }
@@ -118,8 +127,14 @@ std::string chunk_gla_path(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor g = at::empty({v.size(0), v.size(1), v.size(2)}, v.options().dtype(at::kFloat));
   const ChunkCall call = check_chunk_inputs(op, ChunkRule::kSimpleGla, q, k, v, g, std::nullopt,
                                             std::nullopt, std::nullopt, false, cu_seqlens);
-  (void)call;
-  return "reference";
+  return chunk_sm90_covers(call) ? "sm90" : "reference";
 }
+
+#ifndef DSV4_WITH_CUDA
+bool chunk_sm90_covers(const ChunkCall&) { return false; }
+void chunk_sm90(const ChunkCall&, at::Tensor&, at::Tensor&) {
+  TORCH_CHECK(false, "chunk ops: this build has no CUDA kernels");
+}
+#endif
 
 }  // namespace dsv4

@@ -32,7 +32,10 @@ constexpr int64_t kChunkSize = 64;
 // (N, HV, K, V) fp32, or an undefined tensor when not asked for.
 at::Tensor chunk_reference(const ChunkCall& call, at::Tensor& o);
 
-// No Hopper kernel yet: every call takes the reference path (issue 4 adds one).
+// sm90 path (compiled only with DSV4_WITH_CUDA): K = V = 128 on an sm_90 device with
+// TMA-compatible q, k, v. Fills o and, when defined, final_state (N, HV, K, V) fp32.
+bool chunk_sm90_covers(const ChunkCall& call);
+void chunk_sm90(const ChunkCall& call, at::Tensor& o, at::Tensor& final_state);
 
 // ---- ops (registered in torch_bindings.cpp)
 std::tuple<at::Tensor, std::optional<at::Tensor>> chunk_gated_delta_rule(

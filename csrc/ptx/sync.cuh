@@ -28,4 +28,10 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// fence.proxy.async: make this thread's generic-proxy shared-memory writes visible to the async
+// proxy (wgmma operand reads, TMA stores) that a later barrier orders after them.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 }  // namespace dsv4::ptx

@@ -1,0 +1,31 @@
+// Host helpers shared by the sm90 launchers: device facts, TMA eligibility and tensor-map
+// encoding through the driver entry point (no libcuda link needed). CUDA builds only.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <cuda.h>
+
+namespace dsv4 {
+
+struct DeviceInfo {
+  bool is_sm90 = false;
+  int num_sms = 0;
+};
+
+// Queried once per device.
+const DeviceInfo& device_info(int device);
+
+// DSV4_DISABLE_SM90=1 routes every op to the reference path (for tests and timing).
+bool sm90_disabled_by_env();
+
+// TMA wants a 16-byte aligned base, a unit innermost stride and 16-byte multiples for every
+// other stride it uses.
+bool tma_compatible(const at::Tensor& t);
+
+// Tensor map over a 4-D (B, S, H, D) tensor with its real strides, coordinates (d, s, h, b)
+// innermost first; box (64, box_rows, 1, 1) written with the 128-byte swizzle that wgmma reads.
+// `op` and `name` go into the error message if the driver refuses the encoding.
+CUtensorMap make_tensor_map_bshd(const char* op, const at::Tensor& t, const char* name,
+                                 uint32_t box_rows);
+
+}  // namespace dsv4

@@ -1,0 +1,575 @@
+// sm90a forward of chunk_gated_delta_rule and chunk_simple_gla (K = V = 128, 64-token chunks).
+//
+// One CTA owns one (sequence, v-head, half of V) and walks its chunks in order, keeping the
+// state S (128 x 64, fp32) in registers the whole way: nothing intermediate goes through HBM.
+// The state is kept transposed (S^T, v-columns as rows) so every product is a wgmma with M = 64
+// v-columns and the chain's operands come from registers or from tiles as TMA wrote them.
+// Roles (128 threads per warpgroup):
+//   warpgroup 0, warp 0  producer: TMA loads of the chunk's q, k (both halves of K) and this
+//                        CTA's 64 columns of v; cp.async of g and beta (zero past the chunk).
+//   warpgroup 1          prep, everything that does not depend on S, one chunk ahead:
+//                        G = cumsum(g) (log2 units), P = (Q K^T) . Gamma . [i >= j]  and, for the
+//                        delta rule, A = strict_lower(beta_i Gamma_ij k_i.k_j) and T = (I + A)^-1
+//                        (diagonal 16-blocks by substitution in fp32, the rest by tf32 mma.sync).
+//   warpgroup 2          chain, everything that depends on S (the serial part):
+//                          X^T = S^T K^T and Y^T = S^T Q^T                (wgmma SS)
+//                          V_new^T = (beta (V - e^G X))^T T^T           (wgmma RS; GLA: V)
+//                          O^T = e^G Y^T + V_new^T P^T                  (wgmma RS)
+//                          S^T = e^G_last S^T + (w V_new)^T K,  w = e^(G_last - G)  (wgmma RS)
+//                        then S^T goes to shared memory in 16 bits for the next chunk's
+//                        products, and O through a staging tile to HBM with coalesced stores.
+// Gamma_ij = exp(G_i - G_j) is always computed pairwise, and only where it is selected.
+//
+// Barriers per stage s (two stages; parity flips once per pass over the ring):
+//   full[s]       producer arrive.expect_tx + TMA, and 32 cp.async arrivals  -> prep, chain
+//   prep_full[s]  prep thread 0 after its tiles are written                  -> chain
+//   empty[s]      128 chain threads after their last read, prep thread 0     -> producer
+// Tokens past a chunk's end have g = beta = 0 (zero-filled), so they neither decay nor write
+// the state, and their output rows are not stored; rows of the next varlen sequence that a TMA
+// box may bring in are thereby ignored.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "gla/chunk_sm90_params.h"
+#include "ptx/cp_async.cuh"
+#include "ptx/math.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/mma_sync.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace dsv4 {
+
+template <typename Element>
+struct ChunkSm90Traits {
+  static constexpr int kChunk = 64;   // tokens per chunk
+  static constexpr int kDim = 128;    // K = V
+  static constexpr int kBlockV = 64;  // v-columns per CTA
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kScratchLd = 68;  // fp32 row stride: conflict-free mma.sync A loads
+  static constexpr int kRLd = 20;
+  static constexpr int kStageLd = 72;  // output staging row stride (elements)
+  // setmaxnreg budget: 128 * (producer + prep + chain) <= 64K registers. Every warpgroup starts
+  // at 65536 / 384 -> 168; the producer gives registers back before the chain takes them.
+  static constexpr uint32_t kProducerRegs = 56, kPrepRegs = 168, kChainRegs = 240;
+  static_assert(128 * (kProducerRegs + kPrepRegs + kChainRegs) <= 65536, "register budget");
+  static_assert(kChainRegs - kPrepRegs <= kPrepRegs - kProducerRegs, "chain takes what producer frees");
+
+  // Every [64][64] tile is 1024-byte aligned and written with the 128-byte swizzle.
+  struct alignas(1024) Stage {
+    Element q[2][kChunk][64];  // [K half][token][64]
+    Element k[2][kChunk][64];
+    Element v[kChunk][64];     // this CTA's v-columns
+    Element t[kChunk][64];     // T[i][j] (delta rule)
+    Element p[kChunk][64];     // P[i][j]
+    float g[kChunk];           // raw gates, zero past the chunk
+    float beta[kChunk];        // raw beta, zero past the chunk
+    float g2[kChunk];          // inclusive cumsum(g) * log2(e)
+    float pad[kChunk];
+  };
+  struct alignas(1024) SharedStorage {
+    Stage stage[kStages];
+    Element st[2][kBlockV][64];  // S^T in 16 bits: [K half][v-column][64]
+    float a[kChunk][kScratchLd];     // A (fp32)
+    float tinv[kChunk][kScratchLd];  // T (fp32)
+    float r[4][16][kRLd];            // per-warp 16 x 16 intermediate of the block substitution
+    Element o_stage[2][kChunk][kStageLd];
+    uint64_t full[kStages], prep_full[kStages], empty[kStages];
+  };
+  static constexpr uint32_t kLoadBytes = sizeof(Stage::q) + sizeof(Stage::k) + sizeof(Stage::v);
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
+};
+
+// Byte offset of element (row, col) in a [rows][64] 16-bit tile with the 128-byte swizzle.
+__device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
+  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
+}
+
+// C (16 x 16) += X (16 x 16) * Y (16 x 16), fp32 in shared memory with row strides ldx, ldy;
+// tf32 tensor-core products, fp32 accumulation. c[n] holds the 16 x 8 block n.
+__device__ __forceinline__ void mma_16x16x16_tf32(float (&c)[2][4], const float* x, int ldx,
+                                                  const float* y, int ldy, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const uint32_t a[4] = {ptx::to_tf32(x[g * ldx + 8 * ks + t]),
+                           ptx::to_tf32(x[(g + 8) * ldx + 8 * ks + t]),
+                           ptx::to_tf32(x[g * ldx + 8 * ks + t + 4]),
+                           ptx::to_tf32(x[(g + 8) * ldx + 8 * ks + t + 4])};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint32_t b[2] = {ptx::to_tf32(y[(8 * ks + t) * ldy + 8 * nt + g]),
+                             ptx::to_tf32(y[(8 * ks + t + 4) * ldy + 8 * nt + g])};
+      ptx::mma_tf32_m16n8k8(c[nt], a, b);
+    }
+  }
+}
+
+// Writes s * C (the 16 x 16 mma_16x16x16_tf32 accumulator) to fp32 shared memory, row stride ld.
+__device__ __forceinline__ void store_16x16(const float (&c)[2][4], float s, float* dst, int ld,
+                                            int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    dst[g * ld + 8 * nt + 2 * t] = s * c[nt][0];
+    dst[g * ld + 8 * nt + 2 * t + 1] = s * c[nt][1];
+    dst[(g + 8) * ld + 8 * nt + 2 * t] = s * c[nt][2];
+    dst[(g + 8) * ld + 8 * nt + 2 * t + 1] = s * c[nt][3];
+  }
+}
+
+template <typename Element, bool kDelta>
+__global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
+    chunk_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
+                      const __grid_constant__ CUtensorMap tmap_k,
+                      const __grid_constant__ CUtensorMap tmap_v, const ChunkSm90Params p) {
+  using Tr = ChunkSm90Traits<Element>;
+  constexpr int kChunk = Tr::kChunk, kStages = Tr::kStages, kLd = Tr::kScratchLd;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float neg_inf = __int_as_float(0xff800000);
+
+  extern __shared__ uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  // This CTA's (sequence n, v-head hv, v-half); the two halves of one head run side by side and
+  // share their q/k/v reads in L2.
+  const int half = blockIdx.x % 2;
+  const int hv = (blockIdx.x / 2) % p.heads_v;
+  const int n = blockIdx.x / 2 / p.heads_v;
+  int len, tma_row0, tma_batch;
+  int64_t row_base;  // row of the sequence's first token in the (B * T) token rows
+  if (p.cu_seqlens != nullptr) {
+    const int bos = p.cu_seqlens[n];
+    len = p.cu_seqlens[n + 1] - bos;
+    tma_row0 = bos;
+    tma_batch = 0;
+    row_base = bos;
+  } else {
+    len = p.seqlen;
+    tma_row0 = 0;
+    tma_batch = n;
+    row_base = static_cast<int64_t>(n) * p.seqlen;
+  }
+  const int num_chunks = (len + kChunk - 1) / kChunk;
+  const int head_qk = hv / p.group;
+  const int v0 = half * Tr::kBlockV;
+
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      ptx::mbarrier_init(ptx::smem_addr(&s.full[i]), 1 + 32);
+      ptx::mbarrier_init(ptx::smem_addr(&s.prep_full[i]), 1);
+      ptx::mbarrier_init(ptx::smem_addr(&s.empty[i]), 128 + 1);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+
+  if (warpgroup == 0) {
+    // ------------------------------------------------------------------ producer
+    ptx::setmaxnreg_dec<Tr::kProducerRegs>();
+    if (warp != 0) return;
+    if (lane == 0) {
+      ptx::tma_prefetch_descriptor(&tmap_q);
+      ptx::tma_prefetch_descriptor(&tmap_k);
+      ptx::tma_prefetch_descriptor(&tmap_v);
+    }
+    for (int c = 0; c < num_chunks; ++c) {
+      const int st = c % kStages;
+      const uint32_t phase = (c / kStages) & 1;
+      auto& S = s.stage[st];
+      const uint32_t full = ptx::smem_addr(&s.full[st]);
+      ptx::mbarrier_wait(ptx::smem_addr(&s.empty[st]), phase ^ 1);
+      const int row = tma_row0 + c * kChunk;
+      if (lane == 0) {
+        ptx::mbarrier_arrive_expect_tx(full, Tr::kLoadBytes);
+        for (int cb = 0; cb < 2; ++cb) {
+          ptx::tma_load_4d(ptx::smem_addr(&S.q[cb][0][0]), &tmap_q, full, cb * 64, row, head_qk,
+                           tma_batch);
+          ptx::tma_load_4d(ptx::smem_addr(&S.k[cb][0][0]), &tmap_k, full, cb * 64, row, head_qk,
+                           tma_batch);
+        }
+        ptx::tma_load_4d(ptx::smem_addr(&S.v[0][0]), &tmap_v, full, v0, row, hv, tma_batch);
+      }
+      const int valid_rows = min(kChunk, len - c * kChunk);
+#pragma unroll
+      for (int i = lane; i < kChunk; i += 32) {
+        const bool valid = i < valid_rows;
+        const int64_t idx = valid ? (row_base + c * kChunk + i) * p.heads_v + hv : 0;
+        ptx::cp_async_4_zfill(ptx::smem_addr(&S.g[i]), p.g + idx, valid);
+        if constexpr (kDelta) ptx::cp_async_4_zfill(ptx::smem_addr(&S.beta[i]), p.beta + idx, valid);
+      }
+      ptx::cp_async_mbarrier_arrive_noinc(full);
+    }
+    return;
+  }
+
+  // Accumulator fragment of an m64nN wgmma: this thread holds rows r and r + 8, and in each
+  // 8-column group j the columns 8j + 2 (lane % 4) + {0, 1}:
+  //   acc[4j + 2i + c] = (row r + 8i, col 8j + 2 (lane % 4) + c),  r = 16 warp + lane / 4.
+  const int frag_row = warp * 16 + lane / 4;
+  const int frag_col = 2 * (lane % 4);
+
+  if (warpgroup == 1) {
+    // ------------------------------------------------------------------ prep
+    // Stays at the launch allocation (kPrepRegs, the __launch_bounds__ cap).
+    constexpr uint32_t kPrepBar = 1;
+    for (int c = 0; c < num_chunks; ++c) {
+      const int st = c % kStages;
+      const uint32_t phase = (c / kStages) & 1;
+      auto& S = s.stage[st];
+      ptx::mbarrier_wait(ptx::smem_addr(&s.full[st]), phase);
+
+      // P_raw = Q K^T and, for the delta rule, A_raw = K K^T (token x token).
+      float pacc[32], aacc[32];
+      const uint32_t q_base = ptx::smem_addr(&S.q[0][0][0]);
+      const uint32_t k_base = ptx::smem_addr(&S.k[0][0][0]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int cb = 0; cb < 2; ++cb) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint32_t off = cb * kChunk * 128 + kk * 32;
+          const uint64_t dk = ptx::smem_desc_sw128(k_base + off, 0, 1024);
+          ptx::WgmmaSS<64, Element>::run(pacc, ptx::smem_desc_sw128(q_base + off, 0, 1024), dk,
+                                         (cb | kk) != 0);
+          if constexpr (kDelta) ptx::WgmmaSS<64, Element>::run(aacc, dk, dk, (cb | kk) != 0);
+        }
+      }
+      ptx::wgmma_commit();
+
+      // G: inclusive prefix sum of the gates over the chunk, in log2 units.
+      if (warp == 0) {
+        const float g0 = S.g[2 * lane], g1 = S.g[2 * lane + 1];
+        float incl = g0 + g1;
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+          const float up = __shfl_up_sync(0xffffffff, incl, d);
+          if (lane >= d) incl += up;
+        }
+        S.g2[2 * lane] = (incl - g1) * kLog2e;
+        S.g2[2 * lane + 1] = incl * kLog2e;
+      }
+      ptx::named_barrier_sync(kPrepBar, 128);
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        ptx::fence_operand(pacc[i]);
+        if constexpr (kDelta) ptx::fence_operand(aacc[i]);
+      }
+
+      const uint32_t p_base = ptx::smem_addr(&S.p[0][0]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = frag_row + 8 * i;
+        const float gi = S.g2[row];
+        const float bi = kDelta ? S.beta[row] : 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float pv[2];
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) {
+            const int col = 8 * j + frag_col + cc;
+            // Selected before exp: the upper triangle never reaches the exponential.
+            const float d = gi - S.g2[col];
+            pv[cc] = pacc[4 * j + 2 * i + cc] * ptx::exp2_approx(row >= col ? d : neg_inf);
+            if constexpr (kDelta) {
+              s.a[row][col] = bi * aacc[4 * j + 2 * i + cc] * ptx::exp2_approx(row > col ? d : neg_inf);
+            }
+          }
+          const uint32_t packed = ptx::pack2<Element>(pv[0], pv[1]);
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(p_base + sw128_offset(row, 8 * j + frag_col)),
+                       "r"(packed)
+                       : "memory");
+        }
+      }
+
+      if constexpr (kDelta) {
+        ptx::named_barrier_sync(kPrepBar, 128);
+        // T = (I + A)^-1, A strictly lower. Diagonal 16-blocks: warp w, lane c < 16 owns column c
+        // of block w and runs forward substitution (all reads of A are broadcasts).
+        if (lane < 16) {
+          const int b0 = warp * 16;
+          float t[16];
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            float acc = i == lane ? 1.f : 0.f;
+#pragma unroll
+            for (int j = 0; j < i; ++j) acc = fmaf(-s.a[b0 + i][b0 + j], t[j], acc);
+            t[i] = acc;
+          }
+#pragma unroll
+          for (int i = 0; i < 16; ++i) s.tinv[b0 + i][b0 + lane] = t[i];
+        }
+        ptx::named_barrier_sync(kPrepBar, 128);
+        // Block column b = warp: T_ab = -T_aa * sum_{m = b}^{a-1} A_am T_mb for a > b.
+        for (int a = warp + 1; a < 4; ++a) {
+          float r[2][4] = {};
+          for (int m = warp; m < a; ++m) {
+            mma_16x16x16_tf32(r, &s.a[16 * a][16 * m], kLd, &s.tinv[16 * m][16 * warp], kLd, lane);
+          }
+          store_16x16(r, 1.f, &s.r[warp][0][0], Tr::kRLd, lane);
+          __syncwarp();
+          float t_ab[2][4] = {};
+          mma_16x16x16_tf32(t_ab, &s.tinv[16 * a][16 * a], kLd, &s.r[warp][0][0], Tr::kRLd, lane);
+          store_16x16(t_ab, -1.f, &s.tinv[16 * a][16 * warp], kLd, lane);
+          __syncwarp();
+        }
+        ptx::named_barrier_sync(kPrepBar, 128);
+        // T -> 16 bits, row i = tid / 2, 32 columns per thread, 16-byte swizzled stores.
+        const uint32_t t_base = ptx::smem_addr(&S.t[0][0]);
+        const int row = tid / 2;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int col0 = (tid % 2) * 32 + q * 8;
+          uint32_t w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c0 = col0 + 2 * e;
+            w[e] = ptx::pack2<Element>(c0 <= row ? s.tinv[row][c0] : 0.f,
+                                       c0 + 1 <= row ? s.tinv[row][c0 + 1] : 0.f);
+          }
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(
+                           t_base + sw128_offset(row, col0)),
+                       "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                       : "memory");
+        }
+      }
+      ptx::fence_proxy_async_smem();  // P and T are read by the chain's wgmmas
+      ptx::named_barrier_sync(kPrepBar, 128);
+      if (tid == 0) {
+        ptx::mbarrier_arrive(ptx::smem_addr(&s.prep_full[st]));
+        ptx::mbarrier_arrive(ptx::smem_addr(&s.empty[st]));
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------- chain
+  ptx::setmaxnreg_inc<Tr::kChainRegs>();
+  constexpr uint32_t kChainBar = 2;
+  const int64_t state_offset = (static_cast<int64_t>(n) * p.heads_v + hv) * 128 * 128;
+  // S^T (64 v-columns x 128 key dims): sacc[4j + 2i + c] = S[key 8j + frag_col + c][v0 + row].
+  float sacc[64];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int key = 8 * j + frag_col + cc, col = v0 + frag_row + 8 * i;
+        sacc[4 * j + 2 * i + cc] =
+            p.initial_state != nullptr ? p.initial_state[state_offset + key * 128 + col] : 0.f;
+      }
+    }
+  }
+  const uint32_t st_base = ptx::smem_addr(&s.st[0][0][0]);
+  auto store_state = [&] {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = frag_row + 8 * i, key = 8 * j + frag_col;
+        const uint32_t packed = ptx::pack2<Element>(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]);
+        const uint32_t addr = st_base + (key / 64) * (Tr::kBlockV * 128) + sw128_offset(row, key % 64);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(packed) : "memory");
+      }
+    }
+  };
+  store_state();
+  ptx::fence_proxy_async_smem();
+  ptx::named_barrier_sync(kChainBar, 128);
+
+  Element* out = static_cast<Element*>(p.o);
+  for (int c = 0; c < num_chunks; ++c) {
+    const int st = c % kStages;
+    const uint32_t phase = (c / kStages) & 1;
+    auto& S = s.stage[st];
+    const int valid_rows = min(kChunk, len - c * kChunk);
+    ptx::mbarrier_wait(ptx::smem_addr(&s.full[st]), phase);
+    ptx::mbarrier_wait(ptx::smem_addr(&s.prep_full[st]), phase);
+
+    // X^T = S^T K^T and Y^T = S^T Q^T (v-column x token).
+    float xacc[32], yacc[32];
+    const uint32_t q_base = ptx::smem_addr(&S.q[0][0][0]);
+    const uint32_t k_base = ptx::smem_addr(&S.k[0][0][0]);
+    ptx::wgmma_fence();
+    if constexpr (kDelta) {
+#pragma unroll
+      for (int cb = 0; cb < 2; ++cb) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint32_t off = cb * kChunk * 128 + kk * 32;
+          const uint64_t da =
+              ptx::smem_desc_sw128(st_base + cb * Tr::kBlockV * 128 + kk * 32, 0, 1024);
+          ptx::WgmmaSS<64, Element>::run(xacc, da, ptx::smem_desc_sw128(k_base + off, 0, 1024),
+                                         (cb | kk) != 0);
+        }
+      }
+      ptx::wgmma_commit();
+    }
+#pragma unroll
+    for (int cb = 0; cb < 2; ++cb) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint32_t off = cb * kChunk * 128 + kk * 32;
+        const uint64_t da = ptx::smem_desc_sw128(st_base + cb * Tr::kBlockV * 128 + kk * 32, 0, 1024);
+        ptx::WgmmaSS<64, Element>::run(yacc, da, ptx::smem_desc_sw128(q_base + off, 0, 1024),
+                                       (cb | kk) != 0);
+      }
+    }
+    ptx::wgmma_commit();
+
+    // V^T in the accumulator layout (v-column x token), from the swizzled v tile.
+    const uint8_t* v_tile = reinterpret_cast<const uint8_t*>(&S.v[0][0]);
+    auto v_at = [&](int token, int col) {
+      return ptx::to_float(*reinterpret_cast<const Element*>(v_tile + sw128_offset(token, col)));
+    };
+    float vnew[32];  // V_new^T
+    if constexpr (kDelta) {
+      ptx::wgmma_wait<1>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) ptx::fence_operand(xacc[i]);
+      uint32_t xfrag[4][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float x[2];
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) {
+            const int token = 8 * j + frag_col + cc;
+            const float decay = ptx::exp2_approx(S.g2[token]);
+            x[cc] = S.beta[token] *
+                    (v_at(token, frag_row + 8 * i) - decay * xacc[4 * j + 2 * i + cc]);
+          }
+          // A fragment of k-step j / 2: registers {rows r, r+8} x {cols 0-7, 8-15}.
+          xfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(x[0], x[1]);
+        }
+      }
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const uint64_t db = ptx::smem_desc_sw128(ptx::smem_addr(&S.t[0][0]) + t * 32, 0, 1024);
+        ptx::WgmmaRS<64, Element, 0>::run(vnew, xfrag[t], db, t != 0);
+      }
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) ptx::fence_operand(vnew[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) {
+            const int token = 8 * j + frag_col + cc;
+            vnew[4 * j + 2 * i + cc] = token < valid_rows ? v_at(token, frag_row + 8 * i) : 0.f;
+          }
+        }
+      }
+      ptx::wgmma_wait<0>();
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) ptx::fence_operand(yacc[i]);
+
+    // O^T = e^G Y^T + V_new^T P^T;  S^T = e^G_last S^T + (w V_new)^T K.
+    const float g_last = S.g2[kChunk - 1];
+    uint32_t vfrag[4][4], wfrag[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float e_g[2], w[2];
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const float g = S.g2[8 * j + frag_col + cc];
+        e_g[cc] = ptx::exp2_approx(g);
+        w[cc] = ptx::exp2_approx(g_last - g);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int idx = 4 * j + 2 * i;
+        yacc[idx] *= e_g[0];
+        yacc[idx + 1] *= e_g[1];
+        vfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(vnew[idx], vnew[idx + 1]);
+        wfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(vnew[idx] * w[0], vnew[idx + 1] * w[1]);
+      }
+    }
+    const float chunk_decay = ptx::exp2_approx(g_last);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sacc[i] *= chunk_decay;
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const uint64_t db = ptx::smem_desc_sw128(ptx::smem_addr(&S.p[0][0]) + t * 32, 0, 1024);
+      ptx::WgmmaRS<64, Element, 0>::run(yacc, vfrag[t], db, 1);
+    }
+    ptx::wgmma_commit();
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      // K as B (token x key dim) read MN-major: 16 tokens per k-step, the two key halves 8 KB apart.
+      const uint64_t db = ptx::smem_desc_sw128(k_base + t * 16 * 128, kChunk * 128, 1024);
+      ptx::WgmmaRS<128, Element, 1>::run(sacc, wfrag[t], db, 1);
+    }
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) ptx::fence_operand(yacc[i]);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) ptx::fence_operand(sacc[i]);
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.empty[st]));  // last read of this stage
+
+    store_state();
+    Element* stage_o = &s.o_stage[c % 2][0][0];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int token = 8 * j + frag_col + cc, col = frag_row + 8 * i;
+          stage_o[token * Tr::kStageLd + col] = ptx::from_float<Element>(yacc[4 * j + 2 * i + cc] * p.scale);
+        }
+      }
+    }
+    ptx::fence_proxy_async_smem();  // S^T is read by the next chunk's wgmmas
+    ptx::named_barrier_sync(kChainBar, 128);
+    // O rows of this chunk: 64 tokens x 128 bytes, 16 bytes per thread per step.
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int idx = tid + 128 * u, token = idx / 8, part = idx % 8;
+      if (token < valid_rows) {
+        const uint4 val = *reinterpret_cast<const uint4*>(stage_o + token * Tr::kStageLd + part * 8);
+        const int64_t row = row_base + c * kChunk + token;
+        *reinterpret_cast<uint4*>(out + (row * p.heads_v + hv) * 128 + v0 + part * 8) = val;
+      }
+    }
+  }
+
+  if (p.final_state != nullptr) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int key = 8 * j + frag_col + cc, col = v0 + frag_row + 8 * i;
+          p.final_state[state_offset + key * 128 + col] = sacc[4 * j + 2 * i + cc];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace dsv4

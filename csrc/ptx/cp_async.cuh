@@ -1,0 +1,22 @@
+// cp.async: small asynchronous global -> shared copies (PTX ISA 9.7.9.3), for data too narrow or
+// too strided for a TMA box, with completion reported on an mbarrier.
+#pragma once
+
+#include <cstdint>
+
+namespace dsv4::ptx {
+
+// Copies 4 bytes from `src` when `valid`, else writes 4 zero bytes (src-size 0 reads nothing).
+__device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// The mbarrier receives one arrival once all of this thread's earlier cp.async copies have
+// landed. noinc: the arrival is counted in the barrier's initial count.
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
+}  // namespace dsv4::ptx
