@@ -54,13 +54,15 @@ struct ChunkSm90Traits {
   static constexpr int kStages = 2;
   static constexpr int kThreads = 384;
   static constexpr int kScratchLd = 68;  // fp32 row stride: conflict-free mma.sync A loads
-  static constexpr int kRLd = 20;
   static constexpr int kStageLd = 72;  // output staging row stride (elements)
   // setmaxnreg budget: 128 * (producer + prep + chain) <= 64K registers. Every warpgroup starts
-  // at 65536 / 384 -> 168; the producer gives registers back before the chain takes them.
-  static constexpr uint32_t kProducerRegs = 56, kPrepRegs = 168, kChainRegs = 240;
+  // at the __launch_bounds__ cap of 168; the producer gives back what prep and chain take.
+  static constexpr uint32_t kLaunchRegs = 168;
+  static constexpr uint32_t kProducerRegs = 24, kPrepRegs = 200, kChainRegs = 240;
   static_assert(128 * (kProducerRegs + kPrepRegs + kChainRegs) <= 65536, "register budget");
-  static_assert(kChainRegs - kPrepRegs <= kPrepRegs - kProducerRegs, "chain takes what producer frees");
+  static_assert((kPrepRegs - kLaunchRegs) + (kChainRegs - kLaunchRegs) <=
+                    kLaunchRegs - kProducerRegs,
+                "prep and chain take only what the producer frees");
 
   // Every [64][64] tile is 1024-byte aligned and written with the 128-byte swizzle.
   struct alignas(1024) Stage {
@@ -71,15 +73,15 @@ struct ChunkSm90Traits {
     Element p[kChunk][64];     // P[i][j]
     float g[kChunk];           // raw gates, zero past the chunk
     float beta[kChunk];        // raw beta, zero past the chunk
-    float g2[kChunk];          // inclusive cumsum(g) * log2(e)
-    float pad[kChunk];
+    float g2[kChunk];          // G = inclusive cumsum(g), times log2(e)
+    float eg[kChunk];          // e^G
+    float w[kChunk];           // e^(G_last - G)
   };
   struct alignas(1024) SharedStorage {
     Stage stage[kStages];
     Element st[2][kBlockV][64];  // S^T in 16 bits: [K half][v-column][64]
     float a[kChunk][kScratchLd];     // A (fp32)
     float tinv[kChunk][kScratchLd];  // T (fp32)
-    float r[4][16][kRLd];            // per-warp 16 x 16 intermediate of the block substitution
     Element o_stage[2][kChunk][kStageLd];
     uint64_t full[kStages], prep_full[kStages], empty[kStages];
   };
@@ -223,7 +225,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 
   if (warpgroup == 1) {
     // ------------------------------------------------------------------ prep
-    // Stays at the launch allocation (kPrepRegs, the __launch_bounds__ cap).
+    ptx::setmaxnreg_inc<Tr::kPrepRegs>();
     constexpr uint32_t kPrepBar = 1;
     for (int c = 0; c < num_chunks; ++c) {
       const int st = c % kStages;
@@ -258,8 +260,14 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
           const float up = __shfl_up_sync(0xffffffff, incl, d);
           if (lane >= d) incl += up;
         }
-        S.g2[2 * lane] = (incl - g1) * kLog2e;
-        S.g2[2 * lane + 1] = incl * kLog2e;
+        const float g_last = __shfl_sync(0xffffffff, incl, 31) * kLog2e;
+        const float ga = (incl - g1) * kLog2e, gb = incl * kLog2e;
+        S.g2[2 * lane] = ga;
+        S.g2[2 * lane + 1] = gb;
+        S.eg[2 * lane] = ptx::exp2_approx(ga);
+        S.eg[2 * lane + 1] = ptx::exp2_approx(gb);
+        S.w[2 * lane] = ptx::exp2_approx(g_last - ga);
+        S.w[2 * lane + 1] = ptx::exp2_approx(g_last - gb);
       }
       ptx::named_barrier_sync(kPrepBar, 128);
       ptx::wgmma_wait<0>();
@@ -282,11 +290,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
           for (int cc = 0; cc < 2; ++cc) {
             const int col = 8 * j + frag_col + cc;
             // Selected before exp: the upper triangle never reaches the exponential.
-            const float d = gi - S.g2[col];
-            pv[cc] = pacc[4 * j + 2 * i + cc] * ptx::exp2_approx(row >= col ? d : neg_inf);
-            if constexpr (kDelta) {
-              s.a[row][col] = bi * aacc[4 * j + 2 * i + cc] * ptx::exp2_approx(row > col ? d : neg_inf);
-            }
+            const float gamma = ptx::exp2_approx(row >= col ? gi - S.g2[col] : neg_inf);
+            pv[cc] = pacc[4 * j + 2 * i + cc] * gamma;
+            if constexpr (kDelta) s.a[row][col] = row > col ? bi * aacc[4 * j + 2 * i + cc] * gamma : 0.f;
           }
           const uint32_t packed = ptx::pack2<Element>(pv[0], pv[1]);
           asm volatile("st.shared.b32 [%0], %1;" ::"r"(p_base + sw128_offset(row, 8 * j + frag_col)),
@@ -297,34 +303,66 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 
       if constexpr (kDelta) {
         ptx::named_barrier_sync(kPrepBar, 128);
-        // T = (I + A)^-1, A strictly lower. Diagonal 16-blocks: warp w, lane c < 16 owns column c
-        // of block w and runs forward substitution (all reads of A are broadcasts).
+        // T = (I + A)^-1, A strictly lower, by 16 x 16 blocks (D_a = T_aa):
+        //   T_ab = sum_{m=b}^{a-1} E_am T_mb,  E_am = -D_a A_am  (a > b),
+        // evaluated by distance a - b so the four warps work side by side.
+        // 1. D_w: warp w, lane c < 16 owns column c of block w and runs forward substitution
+        //    (row loads are broadcasts).
         if (lane < 16) {
           const int b0 = warp * 16;
           float t[16];
 #pragma unroll
           for (int i = 0; i < 16; ++i) {
+            float arow[16];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const float4 v4 = *reinterpret_cast<const float4*>(&s.a[b0 + i][b0 + 4 * q]);
+              arow[4 * q] = v4.x, arow[4 * q + 1] = v4.y, arow[4 * q + 2] = v4.z, arow[4 * q + 3] = v4.w;
+            }
             float acc = i == lane ? 1.f : 0.f;
 #pragma unroll
-            for (int j = 0; j < i; ++j) acc = fmaf(-s.a[b0 + i][b0 + j], t[j], acc);
+            for (int j = 0; j < i; ++j) acc = fmaf(-arow[j], t[j], acc);
             t[i] = acc;
           }
 #pragma unroll
           for (int i = 0; i < 16; ++i) s.tinv[b0 + i][b0 + lane] = t[i];
         }
         ptx::named_barrier_sync(kPrepBar, 128);
-        // Block column b = warp: T_ab = -T_aa * sum_{m = b}^{a-1} A_am T_mb for a > b.
-        for (int a = warp + 1; a < 4; ++a) {
-          float r[2][4] = {};
-          for (int m = warp; m < a; ++m) {
-            mma_16x16x16_tf32(r, &s.a[16 * a][16 * m], kLd, &s.tinv[16 * m][16 * warp], kLd, lane);
-          }
-          store_16x16(r, 1.f, &s.r[warp][0][0], Tr::kRLd, lane);
+        auto blk_a = [&](int r, int c) { return &s.a[16 * r][16 * c]; };
+        auto blk_t = [&](int r, int c) { return &s.tinv[16 * r][16 * c]; };
+        // E_am = -D_a A_am, written over A_am (a warp reads its operands before it stores).
+        auto make_e = [&](int a, int m) {
+          float e[2][4] = {};
+          mma_16x16x16_tf32(e, blk_t(a, a), kLd, blk_a(a, m), kLd, lane);
           __syncwarp();
-          float t_ab[2][4] = {};
-          mma_16x16x16_tf32(t_ab, &s.tinv[16 * a][16 * a], kLd, &s.r[warp][0][0], Tr::kRLd, lane);
-          store_16x16(t_ab, -1.f, &s.tinv[16 * a][16 * warp], kLd, lane);
+          store_16x16(e, -1.f, blk_a(a, m), kLd, lane);
           __syncwarp();
+        };
+        // 2. distance 1 (warps 0-2), and the E blocks distances 2-3 need (warp 3).
+        if (warp < 3) {
+          make_e(warp + 1, warp);
+          float t1[2][4] = {};
+          mma_16x16x16_tf32(t1, blk_a(warp + 1, warp), kLd, blk_t(warp, warp), kLd, lane);
+          store_16x16(t1, 1.f, blk_t(warp + 1, warp), kLd, lane);
+        } else {
+          make_e(2, 0);
+          make_e(3, 1);
+          make_e(3, 0);
+        }
+        ptx::named_barrier_sync(kPrepBar, 128);
+        // 3. distance 2 (warps 0, 1); warp 2 starts T_30 = E_30 D_0 + E_31 T_10 (+ E_32 T_20).
+        float t2[2][4] = {};
+        if (warp < 3) {
+          const int a = warp == 2 ? 3 : warp + 2, b = warp == 2 ? 0 : warp;
+          mma_16x16x16_tf32(t2, blk_a(a, b), kLd, blk_t(b, b), kLd, lane);
+          mma_16x16x16_tf32(t2, blk_a(a, b + 1), kLd, blk_t(b + 1, b), kLd, lane);
+          if (warp < 2) store_16x16(t2, 1.f, blk_t(a, b), kLd, lane);
+        }
+        ptx::named_barrier_sync(kPrepBar, 128);
+        // 4. distance 3.
+        if (warp == 2) {
+          mma_16x16x16_tf32(t2, blk_a(3, 2), kLd, blk_t(2, 0), kLd, lane);
+          store_16x16(t2, 1.f, blk_t(3, 0), kLd, lane);
         }
         ptx::named_barrier_sync(kPrepBar, 128);
         // T -> 16 bits, row i = tid / 2, 32 columns per thread, 16-byte swizzled stores.
@@ -450,9 +488,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 #pragma unroll
           for (int cc = 0; cc < 2; ++cc) {
             const int token = 8 * j + frag_col + cc;
-            const float decay = ptx::exp2_approx(S.g2[token]);
             x[cc] = S.beta[token] *
-                    (v_at(token, frag_row + 8 * i) - decay * xacc[4 * j + 2 * i + cc]);
+                    (v_at(token, frag_row + 8 * i) - S.eg[token] * xacc[4 * j + 2 * i + cc]);
           }
           // A fragment of k-step j / 2: registers {rows r, r+8} x {cols 0-7, 8-15}.
           xfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(x[0], x[1]);
@@ -486,16 +523,14 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     for (int i = 0; i < 32; ++i) ptx::fence_operand(yacc[i]);
 
     // O^T = e^G Y^T + V_new^T P^T;  S^T = e^G_last S^T + (w V_new)^T K.
-    const float g_last = S.g2[kChunk - 1];
     uint32_t vfrag[4][4], wfrag[4][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       float e_g[2], w[2];
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc) {
-        const float g = S.g2[8 * j + frag_col + cc];
-        e_g[cc] = ptx::exp2_approx(g);
-        w[cc] = ptx::exp2_approx(g_last - g);
+        e_g[cc] = S.eg[8 * j + frag_col + cc];
+        w[cc] = S.w[8 * j + frag_col + cc];
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -506,7 +541,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         wfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(vnew[idx] * w[0], vnew[idx + 1] * w[1]);
       }
     }
-    const float chunk_decay = ptx::exp2_approx(g_last);
+    const float chunk_decay = S.eg[kChunk - 1];
 #pragma unroll
     for (int i = 0; i < 64; ++i) sacc[i] *= chunk_decay;
     ptx::wgmma_fence();
