@@ -46,6 +46,7 @@
 
 namespace dsv4 {
 
+
 template <typename Element>
 struct ChunkSm90Traits {
   static constexpr int kChunk = 64;   // tokens per chunk
@@ -93,6 +94,13 @@ struct ChunkSm90Traits {
 // Byte offset of element (row, col) in a [rows][64] 16-bit tile with the 128-byte swizzle.
 __device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
   return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
+}
+
+// Plain shared-memory stores into a swizzled tile (the compiler may batch them; a later
+// fence.proxy.async and barrier publish them to wgmma).
+template <typename T>
+__device__ __forceinline__ void store_at(void* tile, uint32_t byte_offset, T value) {
+  *reinterpret_cast<T*>(static_cast<uint8_t*>(tile) + byte_offset) = value;
 }
 
 // C (16 x 16) += X (16 x 16) * Y (16 x 16), fp32 in shared memory with row strides ldx, ldy;
@@ -277,7 +285,13 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         if constexpr (kDelta) ptx::fence_operand(aacc[i]);
       }
 
-      const uint32_t p_base = ptx::smem_addr(&S.p[0][0]);
+      float g_col[16];  // G of this thread's 16 columns
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 g2v = *reinterpret_cast<const float2*>(&S.g2[8 * j + frag_col]);
+        g_col[2 * j] = g2v.x;
+        g_col[2 * j + 1] = g2v.y;
+      }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = frag_row + 8 * i;
@@ -290,14 +304,12 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
           for (int cc = 0; cc < 2; ++cc) {
             const int col = 8 * j + frag_col + cc;
             // Selected before exp: the upper triangle never reaches the exponential.
-            const float gamma = ptx::exp2_approx(row >= col ? gi - S.g2[col] : neg_inf);
+            const float gamma = ptx::exp2_approx(row >= col ? gi - g_col[2 * j + cc] : neg_inf);
             pv[cc] = pacc[4 * j + 2 * i + cc] * gamma;
             if constexpr (kDelta) s.a[row][col] = row > col ? bi * aacc[4 * j + 2 * i + cc] * gamma : 0.f;
           }
-          const uint32_t packed = ptx::pack2<Element>(pv[0], pv[1]);
-          asm volatile("st.shared.b32 [%0], %1;" ::"r"(p_base + sw128_offset(row, 8 * j + frag_col)),
-                       "r"(packed)
-                       : "memory");
+          store_at(&S.p[0][0], sw128_offset(row, 8 * j + frag_col),
+                   ptx::pack2<Element>(pv[0], pv[1]));
         }
       }
 
@@ -366,7 +378,6 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         }
         ptx::named_barrier_sync(kPrepBar, 128);
         // T -> 16 bits, row i = tid / 2, 32 columns per thread, 16-byte swizzled stores.
-        const uint32_t t_base = ptx::smem_addr(&S.t[0][0]);
         const int row = tid / 2;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -378,10 +389,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
             w[e] = ptx::pack2<Element>(c0 <= row ? s.tinv[row][c0] : 0.f,
                                        c0 + 1 <= row ? s.tinv[row][c0 + 1] : 0.f);
           }
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(
-                           t_base + sw128_offset(row, col0)),
-                       "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                       : "memory");
+          store_at(&S.t[0][0], sw128_offset(row, col0), make_uint4(w[0], w[1], w[2], w[3]));
         }
       }
       ptx::fence_proxy_async_smem();  // P and T are read by the chain's wgmmas
@@ -419,9 +427,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = frag_row + 8 * i, key = 8 * j + frag_col;
-        const uint32_t packed = ptx::pack2<Element>(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]);
-        const uint32_t addr = st_base + (key / 64) * (Tr::kBlockV * 128) + sw128_offset(row, key % 64);
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(packed) : "memory");
+        store_at(&s.st[key / 64][0][0], sw128_offset(row, key % 64),
+                 ptx::pack2<Element>(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
       }
     }
   };
