@@ -121,6 +121,8 @@ def main(argv=None) -> int:
     md = "\n".join([header, "", ceilings, "", units, "",
                     common.format_table(headers, rows, markdown=True)])
     print()
+    print(md)
+    print()
     print(common.format_table(headers, rows))
     if not args.no_append:
         common.append_results(os.path.join(HERE, "RESULTS.md"),

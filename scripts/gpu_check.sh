@@ -2,15 +2,16 @@
 # One command for a Hopper machine with torch preinstalled and no network: build in place with
 # all cores, run the gpu tests, compute-sanitizer, the benchmarks and the main command; logs go
 # to $OUT (default ./out); a short summary is printed last.
-#   scripts/gpu_check.sh [--no-bench] [--no-sanitizer] [--quick-bench]
+#   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-sanitizer] [--quick-bench]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-BENCH=1; SANITIZE=1; BENCH_ARGS=()
+BENCH=1; FMHA_BENCH=1; SANITIZE=1; BENCH_ARGS=()
 for arg in "$@"; do
   case "$arg" in
     --no-bench) BENCH=0 ;;
+    --no-fmha-bench) FMHA_BENCH=0 ;;
     --no-sanitizer) SANITIZE=0 ;;
     --quick-bench) BENCH_ARGS+=(--quick) ;;
     *) echo "unknown option $arg"; exit 2 ;;
@@ -51,7 +52,7 @@ if [ "$SANITIZE" = 1 ]; then
 fi
 step main main.log python3 -m dsv4_attn
 if [ "$BENCH" = 1 ]; then
-  step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" "${BENCH_ARGS[@]}"
+  [ "$FMHA_BENCH" = 1 ] && step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" "${BENCH_ARGS[@]}"
   step bench_gla bench_gla.log python3 benchmarks/bench_gla.py "${BENCH_ARGS[@]}"
 fi
 
@@ -63,7 +64,7 @@ grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -n 1
 for name in build tests_gpu memcheck racecheck main bench_fmha bench_gla; do
   [ -n "${STATUS[$name]+x}" ] && printf '%-10s %s\n' "$name" "${STATUS[$name]}"
 done
-if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_fmha.log" ]; then
+if [ "$BENCH" = 1 ] && [ "$FMHA_BENCH" = 1 ] && [ -f "$OUT/bench_fmha.log" ]; then
   echo "---- bench_fmha (tail)"; tail -n 40 "$OUT/bench_fmha.log"
 fi
 if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_gla.log" ]; then
