@@ -22,7 +22,7 @@
 //
 // Barriers per stage s (two stages; parity flips once per pass over the ring):
 //   full[s]       producer arrive.expect_tx + TMA, and 32 cp.async arrivals  -> prep, chain
-//   prep_full[s]  prep thread 0 after its tiles are written                  -> chain
+//   prep_full[s]  every prep thread after its writes of stage s              -> chain
 //   empty[s]      every prep and chain thread after its last read of stage s -> producer
 // Tokens past a chunk's end have g = beta = 0 (zero-filled), so they neither decay nor write
 // the state, and their output rows are not stored; rows of the next varlen sequence that a TMA
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       ptx::mbarrier_init(ptx::smem_addr(&s.full[i]), 1 + 32);
-      ptx::mbarrier_init(ptx::smem_addr(&s.prep_full[i]), 1);
+      ptx::mbarrier_init(ptx::smem_addr(&s.prep_full[i]), 128);
       ptx::mbarrier_init(ptx::smem_addr(&s.empty[i]), 128 + 128);
     }
     ptx::fence_barrier_init();
@@ -393,8 +393,10 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       }
       ptx::fence_proxy_async_smem();  // P and T are read by the chain's wgmmas
       ptx::named_barrier_sync(kPrepBar, 128);
-      if (tid == 0) ptx::mbarrier_arrive(ptx::smem_addr(&s.prep_full[st]));
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.empty[st]));  // each thread after its own reads
+      // Every thread releases its own writes and reads, so the handoff does not depend on
+      // the named barrier's cumulativity (and compute-sanitizer racecheck can follow it).
+      ptx::mbarrier_arrive(ptx::smem_addr(&s.prep_full[st]));
+      ptx::mbarrier_arrive(ptx::smem_addr(&s.empty[st]));
     }
     return;
   }
