@@ -48,7 +48,8 @@ void launch(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
 bool chunk_sm90_covers(const ChunkCall& c) {
   if (!c.q.is_cuda() || sm90_disabled_by_env()) return false;
   if (!device_info(c.q.get_device()).is_sm90) return false;
-  if (c.dim_k != 128 || c.dim_v != 128) return false;
+  constexpr int64_t kDim = ChunkSm90Traits<__nv_bfloat16>::kDim;  // K = V the kernel is built for
+  if (c.dim_k != kDim || c.dim_v != kDim) return false;
   if (c.seqlen < 1 || c.num_seqs < 1) return false;  // nothing for a tensor map to describe
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   if (c.num_seqs * c.heads_v * 2 > kMaxInt || c.batch * c.seqlen > kMaxInt) return false;
