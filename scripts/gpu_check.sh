@@ -17,7 +17,7 @@ for arg in "$@"; do
     *) echo "unknown option $arg"; exit 2 ;;
   esac
 done
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 declare -A STATUS
 step() {  # step NAME LOGFILE CMD...: run, log, record pass/fail and time

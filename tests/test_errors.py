@@ -4,11 +4,17 @@ The launchers (csrc/fmha/*.cpp, csrc/gla/*.cpp, csrc/common/checks.h) word every
 "<op>: <argument> <requirement> (got <value>)"; each regex below matches the argument and
 the requirement, not the whole sentence. One test per class of bad input, one case per
 variant. Every case starts from a valid call, so only the named defect can trip a check.
+
+Every case whose defect is in devices, dtypes, ranks or sizes also runs under FakeTensorMode
+(what torch.compile traces with): the fake kernels must reject it with the same message.
+Defects in the values of cu_seqlens can only be seen when the op runs (fake=False).
 """
 import math
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_map_only
 
 from dsv4_attn import ops
 
@@ -41,13 +47,20 @@ def _varlen(gen, device="cpu", **over):
 
 
 def _fmha(args):
+    args = dict(args)
     q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
     return ops.fmha(q, k, v, **args)
 
 
-def _raises(match, fn, *args, **kwargs):
+def _raises(match, fn, *args, fake=True, **kwargs):
     with pytest.raises(RuntimeError, match=match):
         fn(*args, **kwargs)
+    if not fake:
+        return
+    mode = FakeTensorMode()
+    fake_args, fake_kwargs = tree_map_only(torch.Tensor, mode.from_tensor, (args, kwargs))
+    with mode, pytest.raises(RuntimeError, match=match):
+        fn(*fake_args, **fake_kwargs)
 
 
 def test_fmha_valid_base_calls_pass(gen):
@@ -134,8 +147,8 @@ def test_fmha_bad_head_dim(gen, make, match):
 
 
 @pytest.mark.parametrize("make,match", [
-    pytest.param(lambda g: _varlen(g, cu_seqlens_q=cu_seqlens([3, 7]).long()),
-                 r"fmha: cu_seqlens_q must be Int \(got Long\)", id="int64"),
+    pytest.param(lambda g: _varlen(g, cu_seqlens_q=cu_seqlens([3, 7]).float()),
+                 r"fmha: cu_seqlens_q must be int32 or int64 \(got Float\)", id="float"),
     pytest.param(lambda g: _varlen(g, cu_seqlens_k=torch.tensor([1, 5, 12], dtype=torch.int32)),
                  r"fmha: cu_seqlens_k must start at 0 \(got 1\)", id="not-from-0"),
     pytest.param(lambda g: _varlen(g, cu_seqlens_q=torch.tensor([0, 6, 3, 10], dtype=torch.int32),
@@ -160,8 +173,10 @@ def test_fmha_bad_head_dim(gen, make, match):
                  r"fmha: max_seqlen_q and max_seqlen_k apply to varlen calls only",
                  id="max-seqlen-dense"),
 ])
-def test_fmha_bad_cu_seqlens(gen, make, match):
-    _raises(match, _fmha, make(gen))
+def test_fmha_bad_cu_seqlens(gen, request, make, match):
+    values = any(v in request.node.callspec.id for v in
+                 ("not-from-0", "decreasing", "short-q", "long-k", "max-seqlen-too-small"))
+    _raises(match, _fmha, make(gen), fake=not values)
 
 
 @pytest.mark.parametrize("sinks,match", [
@@ -182,7 +197,7 @@ def test_fmha_non_finite_scale(gen, scale):
 
 def test_fmha_path_validates_like_fmha(gen):
     q = randn(gen, 1, 7, 4, 64, dtype=torch.float32)
-    _raises(r"fmha: q must be bf16 or fp16", ops.fmha_path, q, q, q)
+    _raises(r"fmha: q must be bf16 or fp16", ops.fmha_path, q, q, q, fake=False)
 
 
 @pytest.mark.gpu
@@ -197,7 +212,7 @@ def test_fmha_path_validates_like_fmha(gen):
                  r"fmha: cu_seqlens_q must be on the same device as q", id="cu-q-cpu"),
 ])
 def test_fmha_device_mix(gen, make, match):
-    _raises(match, _fmha, make(gen))
+    _raises(match, _fmha, make(gen), fake=False)  # fake mode: test_fake_kernels_check_devices
 
 
 # ----------------------------------------------------------------------------- merge inputs
@@ -252,7 +267,7 @@ def test_merge_device_mix(gen):
     args = _merge(gen)
     args["out_a"] = args["out_a"].cuda()
     _raises(r"merge_attn_states: lse_a must be on the same device as out_a",
-            ops.merge_attn_states, **args)
+            ops.merge_attn_states, fake=False, **args)
 
 
 # ----------------------------------------------------------------------------- chunk inputs
@@ -274,6 +289,7 @@ def _chunk(gen, op, device="cpu", b=1, t=9, h=2, hv=4, dk=32, dv=16, **over):
 
 def _call_chunk(op, args):
     fn = getattr(ops, op)
+    args = dict(args)
     pos = [args.pop(n) for n in ("q", "k", "v", "g", "beta") if n in args]
     return fn(*pos, **args)
 
@@ -296,20 +312,20 @@ def test_chunk_valid_base_calls_pass(gen, op):
                  r"k must have the same dtype as q", id="k-fp16"),
     pytest.param(lambda g: dict(v=randn(g, 1, 9, 4, 16, dtype=torch.float16)),
                  r"v must have the same dtype as q", id="v-fp16"),
-    pytest.param(lambda g: dict(g=torch.zeros(1, 9, 4, dtype=BF16)),
-                 r"g must be Float \(got BFloat16\)", id="g-bf16"),
+    pytest.param(lambda g: dict(g=torch.zeros(1, 9, 4, dtype=torch.float64)),
+                 r"g must be fp32, bf16 or fp16 \(got Double\)", id="g-fp64"),
     pytest.param(lambda g: dict(initial_state=torch.zeros(1, 4, 32, 16, dtype=BF16)),
                  r"initial_state must be Float \(got BFloat16\)", id="state-bf16"),
-    pytest.param(lambda g: dict(cu_seqlens=cu_seqlens([4, 5]).long()),
-                 r"cu_seqlens must be Int \(got Long\)", id="cu-int64"),
+    pytest.param(lambda g: dict(cu_seqlens=cu_seqlens([4, 5]).float()),
+                 r"cu_seqlens must be int32 or int64 \(got Float\)", id="cu-float"),
 ])
 def test_chunk_wrong_dtype(gen, op, over, match):
     _raises(rf"{op}: {match}", _call_chunk, op, _chunk(gen, op, **over(gen)))
 
 
 @pytest.mark.parametrize("over,match", [
-    pytest.param(lambda g: dict(beta=torch.rand(1, 9, 4, generator=g).to(BF16)),
-                 r"beta must be Float \(got BFloat16\)", id="beta-bf16"),
+    pytest.param(lambda g: dict(beta=torch.rand(1, 9, 4, generator=g).double()),
+                 r"beta must be fp32, bf16 or fp16 \(got Double\)", id="beta-fp64"),
     pytest.param(lambda g: dict(beta=torch.rand(1, 9, 2, generator=g)),
                  r"beta must have shape \(B, T, HV\)", id="beta-shape"),
     pytest.param(lambda g: dict(beta=torch.rand(1, 9, generator=g)),
@@ -369,8 +385,9 @@ def test_chunk_mismatched_shapes(gen, op, over, match):
     pytest.param(lambda g: dict(cu_seqlens=cu_seqlens([4, 5]).view(1, 3)),
                  r"cu_seqlens must be 1-D", id="2d"),
 ])
-def test_chunk_bad_cu_seqlens(gen, op, over, match):
-    _raises(rf"{op}: {match}", _call_chunk, op, _chunk(gen, op, **over(gen)))
+def test_chunk_bad_cu_seqlens(gen, request, op, over, match):
+    values = any(v in request.node.callspec.id for v in ("not-from-0", "decreasing", "short"))
+    _raises(rf"{op}: {match}", _call_chunk, op, _chunk(gen, op, **over(gen)), fake=not values)
 
 
 @pytest.mark.parametrize("op", CHUNK_OPS)
@@ -388,4 +405,4 @@ def test_chunk_non_finite_scale(gen, op):
 ])
 def test_chunk_device_mix(gen, op, name, make):
     args = _chunk(gen, op, "cuda", **{name: make(gen)})
-    _raises(rf"{op}: {name} must be on the same device as q", _call_chunk, op, args)
+    _raises(rf"{op}: {name} must be on the same device as q", _call_chunk, op, args, fake=False)

@@ -80,22 +80,29 @@ inline void check_scale(const char* op, std::optional<double> scale) {
               ": scale must be finite (got ", scale.value_or(0.0), ")");
 }
 
-// cu_seqlens: int32, 1-D, (N+1,). Returns N.
+// cu_seqlens: int32 or int64, 1-D, (N+1,). Returns N. Launchers keep an int32 copy
+// (as_int32_cu_seqlens) for the kernels.
 inline int64_t check_cu_seqlens_shape(const char* op, const char* name, const at::Tensor& cu,
                                       const at::Tensor& ref) {
   check_same_device(op, name, cu, "q", ref);
-  check_dtype(op, name, cu, at::kInt);
+  TORCH_CHECK(cu.scalar_type() == at::kInt || cu.scalar_type() == at::kLong, op, ": ", name,
+              " must be int32 or int64 (got ", cu.scalar_type(), ")");
   TORCH_CHECK(cu.dim() == 1 && cu.size(0) >= 1, op, ": ", name,
               " must be 1-D of length N+1 >= 1 (got shape ", shape_str(cu), ")");
   return cu.size(0) - 1;
 }
 
+inline at::Tensor as_int32_cu_seqlens(const at::Tensor& cu) {
+  return cu.to(at::kInt).contiguous();  // no copy for a contiguous int32 tensor
+}
+
 // Reads cu_seqlens on the host (a sync on CUDA), checks it starts at 0, never decreases and
-// ends at `total`; returns the longest sequence.
+// ends at `total`; returns the longest sequence (-1 for a meta tensor).
 inline int64_t check_cu_seqlens_values(const char* op, const char* name, const at::Tensor& cu,
                                        int64_t total, const char* total_name) {
-  at::Tensor host = cu.to(at::kCPU).contiguous();
-  const int32_t* v = host.data_ptr<int32_t>();
+  if (cu.is_meta()) return -1;  // tracing: the values are not known
+  at::Tensor host = cu.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* v = host.data_ptr<int64_t>();
   const int64_t n = host.size(0) - 1;
   TORCH_CHECK(v[0] == 0, op, ": ", name, " must start at 0 (got ", v[0], ")");
   int64_t longest = 0;
@@ -107,6 +114,13 @@ inline int64_t check_cu_seqlens_values(const char* op, const char* name, const a
   TORCH_CHECK(v[n] == total, op, ": ", name, " must end at ", total_name, " = ", total, " (got ",
               v[n], ")");
   return longest;
+}
+
+// Per-token gates (g, beta): fp32, bf16 or fp16; the ops compute with them in fp32.
+inline void check_gate_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 ||
+                  t.scalar_type() == at::kHalf,
+              op, ": ", name, " must be fp32, bf16 or fp16 (got ", t.scalar_type(), ")");
 }
 
 }  // namespace dsv4

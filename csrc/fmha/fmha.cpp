@@ -53,8 +53,8 @@ FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
                 ": max_seqlen_q and max_seqlen_k must be >= 0, or -1 to read them from "
                 "cu_seqlens (got ", max_seqlen_q, ", ", max_seqlen_k, ")");
     c.batch = n;
-    c.cu_seqlens_q = cu_seqlens_q->contiguous();
-    c.cu_seqlens_k = cu_seqlens_k->contiguous();
+    c.cu_seqlens_q = as_int32_cu_seqlens(*cu_seqlens_q);
+    c.cu_seqlens_k = as_int32_cu_seqlens(*cu_seqlens_k);
     // Reading cu_seqlens is free on the CPU; on a GPU it is a host sync, taken only when the
     // caller did not pass max_seqlen_* (passing them is the sync-free contract).
     auto max_seqlen = [&](const char* side, const char* cu_name, const at::Tensor& cu,
@@ -66,9 +66,9 @@ FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
                   side, " sequence (", longest, ") (got ", given, ")");
       return given < 0 ? longest : given;
     };
-    c.seqlen_q = max_seqlen("query", "cu_seqlens_q", *cu_seqlens_q, q.size(0), "q.size(0)",
+    c.seqlen_q = max_seqlen("query", "cu_seqlens_q", *c.cu_seqlens_q, q.size(0), "q.size(0)",
                             "max_seqlen_q", max_seqlen_q);
-    c.seqlen_k = max_seqlen("key", "cu_seqlens_k", *cu_seqlens_k, k.size(0), "k.size(0)",
+    c.seqlen_k = max_seqlen("key", "cu_seqlens_k", *c.cu_seqlens_k, k.size(0), "k.size(0)",
                             "max_seqlen_k", max_seqlen_k);
   } else {
     check_dim(kOp, "q", q, 4, "(B, Sq, Hq, D)");
@@ -88,8 +88,10 @@ FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
   c.heads_q = q.size(hd);
   c.heads_kv = k.size(hd);
   check_size(kOp, "v", v, hd, c.heads_kv, "Hkv, as in k");
-  TORCH_CHECK(c.heads_kv > 0 && c.heads_q % c.heads_kv == 0, kOp,
-              ": the query heads must be a multiple of the KV heads (got Hq = ", c.heads_q,
+  // Zero heads on both sides is an empty call (empty outputs), not an error.
+  TORCH_CHECK((c.heads_kv > 0 && c.heads_q % c.heads_kv == 0) ||
+                  (c.heads_q == 0 && c.heads_kv == 0),
+              kOp, ": the query heads must be a multiple of the KV heads (got Hq = ", c.heads_q,
               ", Hkv = ", c.heads_kv, ")");
   c.head_dim = q.size(-1);
   c.head_dim_v = v.size(-1);

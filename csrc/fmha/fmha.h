@@ -32,6 +32,9 @@ FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q,
                            int64_t max_seqlen_k);
 
+void check_merge_inputs(const at::Tensor& out_a, const at::Tensor& lse_a,
+                        const at::Tensor& out_b, const at::Tensor& lse_b);
+
 // Portable path: ATen ops in fp32, any device. Fills out (q's shape, Dv last) and lse (fp32).
 void fmha_reference(const FmhaCall& call, at::Tensor& out, at::Tensor& lse);
 

@@ -72,7 +72,7 @@ bool fmha_sm90_covers(const FmhaCall& c) {
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) return false;
   if (!(c.scale > 0.0)) return false;  // the softmax max is taken before scaling
   constexpr int64_t kMaxInt = (int64_t(1) << 31) - 1;
-  if (c.batch < 1 || c.seqlen_q < 1) return false;
+  if (c.batch < 1 || c.seqlen_q < 1 || c.heads_q < 1) return false;
   // Work-tile indices are int: (Sq / 64 + 1) * Hq * B must fit.
   if ((c.seqlen_q / 64 + 1) * c.heads_q * c.batch > kMaxInt) return false;
   if (c.seqlen_k < 1) return false;  // an empty K has no memory to describe; nothing to compute

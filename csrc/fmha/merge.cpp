@@ -19,10 +19,8 @@ at::Tensor lse_as_out(const at::Tensor& lse, int64_t out_dim) {
 }
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> merge_attn_states(const at::Tensor& out_a,
-                                                     const at::Tensor& lse_a,
-                                                     const at::Tensor& out_b,
-                                                     const at::Tensor& lse_b) {
+void check_merge_inputs(const at::Tensor& out_a, const at::Tensor& lse_a,
+                        const at::Tensor& out_b, const at::Tensor& lse_b) {
   check_defined(kOp, "out_a", out_a);
   check_defined(kOp, "lse_a", lse_a);
   check_defined(kOp, "out_b", out_b);
@@ -49,7 +47,13 @@ std::tuple<at::Tensor, at::Tensor> merge_attn_states(const at::Tensor& out_a,
               " = ", at::IntArrayRef(want_lse), " to match out_a (got ", shape_str(lse_a), ")");
   TORCH_CHECK(lse_b.sizes() == at::IntArrayRef(want_lse), kOp, ": lse_b must have shape ", layout,
               " = ", at::IntArrayRef(want_lse), " to match out_b (got ", shape_str(lse_b), ")");
+}
 
+std::tuple<at::Tensor, at::Tensor> merge_attn_states(const at::Tensor& out_a,
+                                                     const at::Tensor& lse_a,
+                                                     const at::Tensor& out_b,
+                                                     const at::Tensor& lse_b) {
+  check_merge_inputs(out_a, lse_a, out_b, lse_b);
   c10::DeviceGuard guard(out_a.device());
   at::Tensor lse = at::logaddexp(lse_a, lse_b);
   // Where both sides are -inf the merged lse is -inf: shift by 0 so both weights are 0, not NaN.

@@ -9,7 +9,6 @@
 #include "common/checks.h"
 
 namespace dsv4 {
-namespace {
 
 ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q,
                              const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
@@ -37,10 +36,12 @@ ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q
   check_size(op, "v", v, 1, c.seqlen, "T, as in q");
   TORCH_CHECK(c.dim_k > 0 && c.dim_v > 0, op, ": the key and value dims must be positive (got K = ",
               c.dim_k, ", V = ", c.dim_v, ")");
-  TORCH_CHECK(c.heads_qk > 0 && c.heads_v % c.heads_qk == 0, op,
+  TORCH_CHECK((c.heads_qk > 0 && c.heads_v % c.heads_qk == 0) ||
+                  (c.heads_qk == 0 && c.heads_v == 0),
+              op,
               ": the v-heads HV must be a multiple of the qk-heads H (got H = ", c.heads_qk,
               ", HV = ", c.heads_v, ")");
-  check_dtype(op, "g", g, at::kFloat);
+  check_gate_dtype(op, "g", g);
   TORCH_CHECK(g.dim() == 3 && g.size(0) == c.batch && g.size(1) == c.seqlen &&
                   g.size(2) == c.heads_v,
               op, ": g must have shape (B, T, HV) = (", c.batch, ", ", c.seqlen, ", ", c.heads_v,
@@ -48,7 +49,7 @@ ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q
   if (rule == ChunkRule::kGatedDelta) {
     check_defined(op, "beta", *beta);
     check_same_device(op, "beta", *beta, "q", q);
-    check_dtype(op, "beta", *beta, at::kFloat);
+    check_gate_dtype(op, "beta", *beta);
     TORCH_CHECK(beta->sizes() == g.sizes(), op, ": beta must have shape (B, T, HV) = ",
                 shape_str(g), " (got ", shape_str(*beta), ")");
   }
@@ -59,7 +60,7 @@ ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q
     c.num_seqs = check_cu_seqlens_shape(op, "cu_seqlens", *cu_seqlens, q);
     // A host sync on a GPU; the reference path needs the longest sequence anyway.
     check_cu_seqlens_values(op, "cu_seqlens", *cu_seqlens, c.seqlen, "T = q.size(1)");
-    c.cu_seqlens = cu_seqlens->contiguous();
+    c.cu_seqlens = as_int32_cu_seqlens(*cu_seqlens);
   }
   if (initial_state.has_value()) {
     const at::Tensor& s = *initial_state;
@@ -74,19 +75,24 @@ ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q
   c.q = q;
   c.k = k;
   c.v = v;
-  c.g = g;
-  c.beta = beta;
+  c.g = g.to(at::kFloat);  // no copy when already fp32
+  if (beta) c.beta = beta->to(at::kFloat);
   c.initial_state = initial_state;
   c.output_final_state = output_final_state;
   c.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(c.dim_k));
   return c;
 }
 
+namespace {
+
 std::tuple<at::Tensor, std::optional<at::Tensor>> run_chunk(const ChunkCall& call) {
   c10::DeviceGuard guard(call.q.device());
   at::Tensor o = at::empty(call.v.sizes(), call.v.options());
   at::Tensor final_state;
-  if (chunk_sm90_covers(call)) {
+  if (call.heads_v == 0) {  // no heads: empty outputs
+    final_state = at::empty({call.num_seqs, 0, call.dim_k, call.dim_v},
+                            call.q.options().dtype(at::kFloat));
+  } else if (chunk_sm90_covers(call)) {
     if (call.output_final_state) {
       final_state = at::empty({call.num_seqs, call.heads_v, call.dim_k, call.dim_v},
                               call.q.options().dtype(at::kFloat));
@@ -105,10 +111,12 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> chunk_gated_delta_rule(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
     const at::Tensor& beta, std::optional<double> scale,
     const std::optional<at::Tensor>& initial_state, bool output_final_state,
-    const std::optional<at::Tensor>& cu_seqlens) {
-  return run_chunk(check_chunk_inputs("chunk_gated_delta_rule", ChunkRule::kGatedDelta, q, k, v,
+    const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm_in_kernel) {
+  ChunkCall call = check_chunk_inputs("chunk_gated_delta_rule", ChunkRule::kGatedDelta, q, k, v,
                                       g, beta, scale, initial_state, output_final_state,
-                                      cu_seqlens));
+                                      cu_seqlens);
+  call.qk_l2norm = use_qk_l2norm_in_kernel;
+  return run_chunk(call);
 }
 
 std::tuple<at::Tensor, std::optional<at::Tensor>> chunk_simple_gla(

@@ -90,9 +90,18 @@ at::Tensor chunk_dense(const ChunkCall& c, const at::Tensor& q, const at::Tensor
   return o.permute({0, 2, 3, 1, 4}).reshape({B, nc * C, HV, V}).narrow(1, 0, T);
 }
 
+// flash-linear-attention's l2norm: x / sqrt(sum x^2 + 1e-6) over the last dim, computed in
+// fp32 and rounded back to x's dtype.
+at::Tensor l2norm_rows(const at::Tensor& x) {
+  const at::Tensor f = x.to(at::kFloat);
+  return (f * f.square().sum(-1, /*keepdim=*/true).add_(1e-6).rsqrt_()).to(x.scalar_type());
+}
+
 }  // namespace
 
 at::Tensor chunk_reference(const ChunkCall& c, at::Tensor& o) {
+  const at::Tensor q = c.qk_l2norm ? l2norm_rows(c.q) : c.q;
+  const at::Tensor k = c.qk_l2norm ? l2norm_rows(c.k) : c.k;
   const auto fopts = c.q.options().dtype(at::kFloat);
   const int64_t N = c.num_seqs, HV = c.heads_v;
   at::Tensor state = c.initial_state ? c.initial_state->to(fopts).clone()
@@ -100,7 +109,7 @@ at::Tensor chunk_reference(const ChunkCall& c, at::Tensor& o) {
   const bool delta = c.rule == ChunkRule::kGatedDelta;
   if (!c.cu_seqlens) {
     if (c.seqlen > 0 && N > 0) {
-      o.copy_(chunk_dense(c, c.q, c.k, c.v, c.g, delta ? *c.beta : at::Tensor(), state));
+      o.copy_(chunk_dense(c, q, k, c.v, c.g, delta ? *c.beta : at::Tensor(), state));
     }
     return state;
   }
@@ -122,7 +131,7 @@ at::Tensor chunk_reference(const ChunkCall& c, at::Tensor& o) {
     mshape.resize(y.dim(), 1);
     return y * valid.view(mshape).to(y.scalar_type());
   };
-  at::Tensor o_pad = chunk_dense(c, pad(c.q), pad(c.k), pad(c.v), pad(c.g),
+  at::Tensor o_pad = chunk_dense(c, pad(q), pad(k), pad(c.v), pad(c.g),
                                  delta ? pad(*c.beta) : at::Tensor(), state);
   at::Tensor row = at::arange(T, cu.options());
   at::Tensor seq = at::searchsorted(cu.narrow(0, 1, N), row, false, /*right=*/true);

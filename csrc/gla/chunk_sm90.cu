@@ -37,6 +37,7 @@ void launch(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
   p.heads_v = static_cast<int>(c.heads_v);
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
   p.scale = static_cast<float>(c.scale);
+  p.qk_l2norm = c.qk_l2norm;
 
   const dim3 grid(static_cast<unsigned>(c.num_seqs * c.heads_v * 2));  // (sequence, v-head, half)
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, p);

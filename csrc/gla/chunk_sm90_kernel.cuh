@@ -11,6 +11,9 @@
 //                        G = cumsum(g) (log2 units), P = (Q K^T) . Gamma . [i >= j]  and, for the
 //                        delta rule, A = strict_lower(beta_i Gamma_ij k_i.k_j) and T = (I + A)^-1
 //                        (diagonal 16-blocks by substitution in fp32, the rest by tf32 mma.sync).
+//                        With use_qk_l2norm_in_kernel it first normalizes the stage's q and k
+//                        rows in place, before anyone else reads them (the chain waits for
+//                        prep_full).
 //   warpgroup 2          chain, everything that depends on S (the serial part):
 //                          X^T = S^T K^T and Y^T = S^T Q^T                (wgmma SS)
 //                          V_new^T = (beta (V - e^G X))^T T^T           (wgmma RS; GLA: V)
@@ -135,6 +138,43 @@ __device__ __forceinline__ void store_16x16(const float (&c)[2][4], float s, flo
   }
 }
 
+// use_qk_l2norm_in_kernel: row `row` of a [2][64][64] swizzled q or k tile (one token's 128
+// key dims) becomes x / sqrt(sum x^2 + 1e-6), rounded to the 16-bit type as
+// flash-linear-attention's l2norm does before its chunk kernels.
+template <typename Element>
+__device__ __forceinline__ void l2norm_rows_in_place(Element* tile, int row) {
+  constexpr int kHalf = 64 * 64;  // elements per K half
+  float sum_sq = 0.f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int part = 0; part < 8; ++part) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(
+          reinterpret_cast<const uint8_t*>(tile + half * kHalf) + sw128_offset(row, 8 * part));
+      const Element* x = reinterpret_cast<const Element*>(&raw);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum_sq = fmaf(ptx::to_float(x[e]), ptx::to_float(x[e]), sum_sq);
+    }
+  }
+  const float inv_norm = rsqrtf(sum_sq + 1e-6f);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int part = 0; part < 8; ++part) {
+      uint8_t* at = reinterpret_cast<uint8_t*>(tile + half * kHalf) + sw128_offset(row, 8 * part);
+      const uint4 raw = *reinterpret_cast<const uint4*>(at);
+      const Element* x = reinterpret_cast<const Element*>(&raw);
+      uint32_t w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        w[e] = ptx::pack2<Element>(ptx::to_float(x[2 * e]) * inv_norm,
+                                   ptx::to_float(x[2 * e + 1]) * inv_norm);
+      }
+      *reinterpret_cast<uint4*>(at) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
 template <typename Element, bool kDelta>
 __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     chunk_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
@@ -239,6 +279,14 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       const uint32_t phase = (c / kStages) & 1;
       auto& S = s.stage[st];
       ptx::mbarrier_wait(ptx::smem_addr(&s.full[st]), phase);
+      if constexpr (kDelta) {
+        if (p.qk_l2norm) {
+          l2norm_rows_in_place<Element>(tid < kChunk ? &S.q[0][0][0] : &S.k[0][0][0],
+                                        tid % kChunk);
+          ptx::fence_proxy_async_smem();  // the normalized q and k are read by wgmma
+          ptx::named_barrier_sync(kPrepBar, 128);
+        }
+      }
 
       // P_raw = Q K^T and, for the delta rule, A_raw = K K^T (token x token).
       float pacc[32], aacc[32];

@@ -14,6 +14,7 @@ struct ChunkSm90Params {
   int seqlen;                  // T
   int heads_v, group;          // group = HV / H; v-head hv reads qk-head hv / group
   float scale;
+  bool qk_l2norm;               // delta rule: l2-normalize q and k rows first
 };
 
 }  // namespace dsv4

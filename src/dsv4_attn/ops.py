@@ -7,6 +7,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.fx.experimental import symbolic_shapes as _symbolic_shapes
+from torch.utils._python_dispatch import _disable_current_modes
 
 _ops = torch.ops.dsv4
 
@@ -30,7 +32,7 @@ def fmha(
 
     Dense: q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv).
     Varlen (both cu_seqlens given): q (total_q, Hq, D), k/v (total_k, Hkv, D|Dv),
-    cu_seqlens int32 (N+1,). Query i of a sequence sits at position i + Sk - Sq;
+    cu_seqlens int32 or int64 (N+1,). Query i of a sequence sits at position i + Sk - Sq;
     key j is visible iff (not causal or j <= p) and (window_left < 0 or j >= p - window_left).
     sinks: fp32 (Hq,), one extra logit per head in the softmax denominator.
 
@@ -87,18 +89,22 @@ def chunk_gated_delta_rule(
     initial_state: Optional[Tensor] = None,
     output_final_state: bool = False,
     cu_seqlens: Optional[Tensor] = None,
+    use_qk_l2norm_in_kernel: bool = False,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Gated DeltaNet forward (Qwen3-Next), computed in 64-token chunks.
 
-    q, k (B, T, H, K); v (B, T, HV, V); g (log decay) and beta fp32 (B, T, HV); HV % H == 0.
-    Per (sequence, v-head) with fp32 state S (K, V): S <- exp(g_t) S;
-    u_t = beta_t (v_t - S^T k_t); S <- S + k_t u_t^T; o_t = scale S^T q_t.
-    Varlen: B == 1 and cu_seqlens int32 (N+1,). initial_state / final_state fp32 (N, HV, K, V).
+    q, k (B, T, H, K); v (B, T, HV, V); g (log decay) and beta (B, T, HV) in fp32, bf16 or
+    fp16 (used in fp32); HV % H == 0. Per (sequence, v-head) with fp32 state S (K, V):
+    S <- exp(g_t) S; u_t = beta_t (v_t - S^T k_t); S <- S + k_t u_t^T; o_t = scale S^T q_t.
+    Varlen: B == 1 and cu_seqlens int32 or int64 (N+1,). initial_state / final_state fp32
+    (N, HV, K, V). use_qk_l2norm_in_kernel: q and k are first l2-normalized over K
+    (x / sqrt(sum x^2 + 1e-6), in q's dtype), as flash-linear-attention does.
     Returns (o in v's dtype (B, T, HV, V), final_state or None).
     """
     return _ops.chunk_gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
     )
 
 
@@ -129,14 +135,45 @@ def chunk_gla_path(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens: Optional[Tens
 
 
 # ----------------------------------------------------------------------------- fake kernels
-# Shapes only; the real launchers validate. These let torch.compile(fullgraph=True) trace the ops.
+# The kernels torch.compile and meta tensors use. Each first checks that every tensor is on q's
+# device (meta included), then runs the op's own C++ validation (the private `_<op>_check` op)
+# on meta stand-ins of the traced sizes, dtypes and strides, so tracing rejects exactly what
+# the op rejects; the values of cu_seqlens are unknown here and checked when the op runs.
+
+
+def _check_same_device(op: str, ref_name: str, ref: Tensor, **tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != ref.device:
+            raise RuntimeError(f"{op}: {name} must be on the same device as {ref_name} "
+                               f"({ref_name}: {ref.device}, {name}: {t.device})")
+
+
+_size_hint = getattr(_symbolic_shapes, "size_hint", None) or _symbolic_shapes.hint_int
+
+
+def _meta_standin(x):
+    if not isinstance(x, Tensor):
+        return x
+    return torch.empty_strided([_size_hint(n) for n in x.shape], [_size_hint(n) for n in x.stride()],
+                               dtype=x.dtype, device="meta")
+
+
+def _run_check(check_op, *args, **kwargs) -> None:
+    args = [_meta_standin(a) for a in args]
+    kwargs = {k: _meta_standin(v) for k, v in kwargs.items()}
+    with _disable_current_modes():  # plain meta dispatch, outside fake and tracing modes
+        check_op(*args, **kwargs)
 
 
 @torch.library.register_fake("dsv4::fmha")
 def _fmha_fake(q, k, v, *, scale=None, causal=False, window_left=-1, sinks=None,
                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=-1, max_seqlen_k=-1):
-    dv = v.shape[-1]
-    out = q.new_empty((*q.shape[:-1], dv))
+    _check_same_device("fmha", "q", q, k=k, v=v, sinks=sinks, cu_seqlens_q=cu_seqlens_q,
+                       cu_seqlens_k=cu_seqlens_k)
+    _run_check(_ops._fmha_check, q, k, v, scale=scale, causal=causal, window_left=window_left,
+               sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is not None:
         total_q, hq = q.shape[0], q.shape[1]
         lse = q.new_empty((hq, total_q), dtype=torch.float32)
@@ -148,11 +185,13 @@ def _fmha_fake(q, k, v, *, scale=None, causal=False, window_left=-1, sinks=None,
 
 @torch.library.register_fake("dsv4::merge_attn_states")
 def _merge_fake(out_a, lse_a, out_b, lse_b):
+    _check_same_device("merge_attn_states", "out_a", out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+    _run_check(_ops._merge_attn_states_check, out_a, lse_a, out_b, lse_b)
     return torch.empty_like(out_a, memory_format=torch.contiguous_format), \
         torch.empty_like(lse_a, dtype=torch.float32, memory_format=torch.contiguous_format)
 
 
-def _chunk_fake(q, v, initial_state, output_final_state, cu_seqlens):
+def _chunk_outputs(q, v, output_final_state, cu_seqlens):
     o = v.new_empty(v.shape)
     if not output_final_state:
         return o, None
@@ -163,11 +202,21 @@ def _chunk_fake(q, v, initial_state, output_final_state, cu_seqlens):
 
 @torch.library.register_fake("dsv4::chunk_gated_delta_rule")
 def _gdr_fake(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-              cu_seqlens=None):
-    return _chunk_fake(q, v, initial_state, output_final_state, cu_seqlens)
+              cu_seqlens=None, use_qk_l2norm_in_kernel=False):
+    _check_same_device("chunk_gated_delta_rule", "q", q, k=k, v=v, g=g, beta=beta,
+                       initial_state=initial_state, cu_seqlens=cu_seqlens)
+    _run_check(_ops._chunk_gated_delta_rule_check, q, k, v, g, beta, scale=scale,
+               initial_state=initial_state, output_final_state=output_final_state,
+               cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    return _chunk_outputs(q, v, output_final_state, cu_seqlens)
 
 
 @torch.library.register_fake("dsv4::chunk_simple_gla")
 def _gla_fake(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
               cu_seqlens=None):
-    return _chunk_fake(q, v, initial_state, output_final_state, cu_seqlens)
+    _check_same_device("chunk_simple_gla", "q", q, k=k, v=v, g=g, initial_state=initial_state,
+                       cu_seqlens=cu_seqlens)
+    _run_check(_ops._chunk_simple_gla_check, q, k, v, g, scale=scale,
+               initial_state=initial_state, output_final_state=output_final_state,
+               cu_seqlens=cu_seqlens)
+    return _chunk_outputs(q, v, output_final_state, cu_seqlens)

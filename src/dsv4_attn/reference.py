@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["attention", "merge_attn_states", "gated_delta_rule", "simple_gla"]
+__all__ = ["attention", "merge_attn_states", "gated_delta_rule", "simple_gla", "l2norm"]
 
 
 def _f64(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -206,14 +206,25 @@ def gated_delta_rule(
     scale: Optional[float] = None,
     initial_state: Optional[Tensor] = None,
     cu_seqlens: Optional[Tensor] = None,
+    use_qk_l2norm_in_kernel: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """Gated delta rule, token by token; the oracle for dsv4.chunk_gated_delta_rule.
 
     Per token: S <- exp(g_t) S; u_t = beta_t (v_t - S^T k_t); S <- S + k_t u_t^T;
     o_t = scale S^T q_t. Returns o (B, T, HV, V) and final_state (N, HV, K, V), float64.
+    use_qk_l2norm_in_kernel: q and k are replaced first by x / sqrt(sum x^2 + 1e-6) over K,
+    rounded to their own dtype (flash-linear-attention's meaning).
     """
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
     return _recurrence(q, k, v, g, beta, scale, initial_state, cu_seqlens,
                        "reference.gated_delta_rule")
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(sum x^2 + eps) over the last dim, in float64, rounded back to x's dtype."""
+    f = x.detach().to(device="cpu", dtype=torch.float64)
+    return (f / torch.sqrt((f * f).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def simple_gla(

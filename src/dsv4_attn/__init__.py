@@ -1,0 +1,60 @@
+"""dsv4_attn: Hopper attention and chunked linear-attention kernels as torch ops.
+
+Importing the package loads the extension, which registers every op under
+``torch.ops.dsv4``; ``dsv4_attn.ops`` adds typed wrappers and fake (meta) kernels.
+"""
+import os as _os
+
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+try:
+    from . import _C  # registers torch.ops.dsv4.*
+except ImportError as _e:
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    raise ImportError(
+        f"dsv4_attn was imported from {_here}, which holds no built extension (dsv4_attn._C): "
+        f"{_e}. Install it with `pip install --no-build-isolation .` from the project root, or "
+        "build it in place with `python setup.py build_ext --inplace` and put src/ on "
+        "PYTHONPATH. An installed copy is shadowed when an unbuilt source folder comes first "
+        "on sys.path."
+    ) from _e
+
+from .ops import (  # noqa: E402
+    chunk_gated_delta_rule,
+    chunk_gla_path,
+    chunk_simple_gla,
+    fmha,
+    fmha_path,
+    merge_attn_states,
+)
+
+__all__ = [
+    "build_info",
+    "fmha",
+    "fmha_path",
+    "merge_attn_states",
+    "chunk_gated_delta_rule",
+    "chunk_simple_gla",
+    "chunk_gla_path",
+]
+__version__ = "0.1.0"
+
+
+def build_info() -> dict:
+    """What this build of the extension contains and was built against.
+
+    cuda_kernels: whether the sm90 kernels were compiled in (False: reference path only);
+    cuda_archs: the GPU targets compiled for; torch_version / torch_cuda: the torch (and its
+    CUDA) the build compiled against; cuda_toolkit: the nvcc version used ("" without CUDA);
+    cxx_standard: the C++ standard (__cplusplus); runtime_torch_version: the torch imported now.
+    """
+    return {
+        "version": __version__,
+        "cuda_kernels": bool(_C.with_cuda),
+        "cuda_archs": [a for a in _C.cuda_archs.split(",") if a],
+        "torch_version": _C.torch_version,
+        "torch_cuda": _C.torch_cuda or None,
+        "cuda_toolkit": _C.cuda_toolkit or None,
+        "cxx_standard": _C.cplusplus,
+        "runtime_torch_version": torch.__version__,
+    }
