@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "dsv4_attention/dsv4_attention.h"
 #include "fmha/fmha.h"
 #include "generated/build_info.h"  // written by setup.py
 #include "gla/chunk.h"
@@ -68,6 +69,11 @@ constexpr const char* kFmhaArgs =
     "(Tensor q, Tensor k, Tensor v, *, float? scale=None, bool causal=False, "
     "int window_left=-1, Tensor? sinks=None, Tensor? cu_seqlens_q=None, "
     "Tensor? cu_seqlens_k=None, int max_seqlen_q=-1, int max_seqlen_k=-1)";
+constexpr const char* kDsv4Args =
+    "(Tensor q, Tensor kv, *, Tensor? sinks=None, int window=128, Tensor? compressed_kv=None, "
+    "int compress_ratio=0, Tensor? topk_indices=None, float? scale=None, "
+    "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_kv=None, "
+    "Tensor? cu_seqlens_compressed=None, int max_seqlen_q=-1, int max_seqlen_kv=-1)";
 constexpr const char* kMergeArgs = "(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b)";
 constexpr const char* kGatedDeltaArgs =
     "(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, *, float? scale=None, "
@@ -89,6 +95,20 @@ void fmha_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 int64_t max_seqlen_k) {
   dsv4::check_fmha_inputs(q, k, v, scale, causal, window_left, sinks, cu_seqlens_q,
                           cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+}
+
+void dsv4_attention_check(const at::Tensor& q, const at::Tensor& kv,
+                          const std::optional<at::Tensor>& sinks, int64_t window,
+                          const std::optional<at::Tensor>& compressed_kv, int64_t compress_ratio,
+                          const std::optional<at::Tensor>& topk_indices,
+                          std::optional<double> scale,
+                          const std::optional<at::Tensor>& cu_seqlens_q,
+                          const std::optional<at::Tensor>& cu_seqlens_kv,
+                          const std::optional<at::Tensor>& cu_seqlens_compressed,
+                          int64_t max_seqlen_q, int64_t max_seqlen_kv) {
+  dsv4::check_dsv4_inputs(q, kv, sinks, window, compressed_kv, compress_ratio, topk_indices,
+                          scale, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_compressed,
+                          max_seqlen_q, max_seqlen_kv);
 }
 
 void chunk_gated_delta_rule_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -121,6 +141,13 @@ TORCH_LIBRARY(dsv4, m) {
   m.def(
       "fmha_path(Tensor q, Tensor k, Tensor v, *, bool causal=False, int window_left=-1, "
       "Tensor? sinks=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) -> str");
+  // One DeepSeek-V4 attention layer: one softmax over the sliding window of kv (one head, used
+  // as key and value) and the closed rows of compressed_kv (all: HCA; listed: CSA), plus sinks.
+  // Dense q (B, Sq, Hq, D), kv (B, Skv, D); varlen q (total_q, Hq, D), kv (total_kv, D).
+  m.def(schema("dsv4_attention", kDsv4Args, "(Tensor out, Tensor lse)").c_str());
+  m.def(schema("_dsv4_attention_check", kDsv4Args, "()").c_str());
+  // Which implementation dsv4_attention would run for these arguments.
+  m.def(schema("dsv4_attention_path", kDsv4Args, "str").c_str());
   // Exact merge of two fmha results over disjoint key sets, through their LSE.
   m.def(schema("merge_attn_states", kMergeArgs, "(Tensor out, Tensor lse)").c_str());
   m.def(schema("_merge_attn_states_check", kMergeArgs, "()").c_str());
@@ -138,6 +165,8 @@ TORCH_LIBRARY(dsv4, m) {
 #define DSV4_REGISTER_IMPLS(m)                                  \
   m.impl("fmha", &dsv4::fmha);                                  \
   m.impl("fmha_path", &dsv4::fmha_path);                        \
+  m.impl("dsv4_attention", &dsv4::dsv4_attention);              \
+  m.impl("dsv4_attention_path", &dsv4::dsv4_attention_path);    \
   m.impl("merge_attn_states", &dsv4::merge_attn_states);        \
   m.impl("chunk_gated_delta_rule", &dsv4::chunk_gated_delta_rule); \
   m.impl("chunk_simple_gla", &dsv4::chunk_simple_gla);          \
@@ -149,14 +178,15 @@ TORCH_LIBRARY_IMPL(dsv4, CUDA, m) { DSV4_REGISTER_IMPLS(m); }
 // The validation twins run on meta tensors only (see kFmhaArgs).
 TORCH_LIBRARY_IMPL(dsv4, Meta, m) {
   m.impl("_fmha_check", &fmha_check);
+  m.impl("_dsv4_attention_check", &dsv4_attention_check);
   m.impl("_merge_attn_states_check", &dsv4::check_merge_inputs);
   m.impl("_chunk_gated_delta_rule_check", &chunk_gated_delta_rule_check);
   m.impl("_chunk_simple_gla_check", &chunk_simple_gla_check);
 }
 
 TORCH_LIBRARY_IMPL(dsv4, Autograd, m) {
-  for (const char* op : {"fmha", "merge_attn_states", "chunk_gated_delta_rule",
-                         "chunk_simple_gla"}) {
+  for (const char* op : {"fmha", "dsv4_attention", "merge_attn_states",
+                         "chunk_gated_delta_rule", "chunk_simple_gla"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&forward_only>());
   }
 }

@@ -116,6 +116,26 @@ inline int64_t check_cu_seqlens_values(const char* op, const char* name, const a
   return longest;
 }
 
+// The longest sequence of a varlen side. Reading cu_seqlens is free on the CPU, where it is
+// always checked; on a GPU it is a host sync, taken only when the caller did not pass
+// max_seqlen (passing it is the sync-free contract, and the contents are then trusted).
+inline int64_t resolve_max_seqlen(const char* op, const char* side, const char* cu_name,
+                                  const at::Tensor& cu, int64_t total, const char* total_name,
+                                  const char* max_name, int64_t given) {
+  if (!cu.device().is_cpu() && given >= 0) return given;
+  const int64_t longest = check_cu_seqlens_values(op, cu_name, cu, total, total_name);
+  TORCH_CHECK(given < 0 || given >= longest, op, ": ", max_name, " must be >= the longest ",
+              side, " sequence (", longest, ") (got ", given, ")");
+  return given < 0 ? longest : given;
+}
+
+// Head dims the ops accept: positive multiples of 8, at most 512.
+inline void check_head_dim(const char* op, const char* name, int64_t d) {
+  constexpr int64_t kMaxHeadDim = 512;
+  TORCH_CHECK(d > 0 && d % 8 == 0 && d <= kMaxHeadDim, op, ": ", name,
+              " must be a positive multiple of 8 and at most ", kMaxHeadDim, " (got ", d, ")");
+}
+
 // Per-token gates (g, beta): fp32, bf16 or fp16; the ops compute with them in fp32.
 inline void check_gate_dtype(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 ||

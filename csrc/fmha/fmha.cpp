@@ -12,12 +12,6 @@ namespace dsv4 {
 
 namespace {
 constexpr const char* kOp = "fmha";
-constexpr int64_t kMaxHeadDim = 512;
-
-void check_head_dim(const char* name, int64_t d) {
-  TORCH_CHECK(d > 0 && d % 8 == 0 && d <= kMaxHeadDim, kOp, ": ", name,
-              " must be a positive multiple of 8 and at most ", kMaxHeadDim, " (got ", d, ")");
-}
 }  // namespace
 
 FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -55,21 +49,10 @@ FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
     c.batch = n;
     c.cu_seqlens_q = as_int32_cu_seqlens(*cu_seqlens_q);
     c.cu_seqlens_k = as_int32_cu_seqlens(*cu_seqlens_k);
-    // Reading cu_seqlens is free on the CPU; on a GPU it is a host sync, taken only when the
-    // caller did not pass max_seqlen_* (passing them is the sync-free contract).
-    auto max_seqlen = [&](const char* side, const char* cu_name, const at::Tensor& cu,
-                          int64_t total, const char* total_name, const char* max_name,
-                          int64_t given) {
-      if (!q.device().is_cpu() && given >= 0) return given;
-      const int64_t longest = check_cu_seqlens_values(kOp, cu_name, cu, total, total_name);
-      TORCH_CHECK(given < 0 || given >= longest, kOp, ": ", max_name, " must be >= the longest ",
-                  side, " sequence (", longest, ") (got ", given, ")");
-      return given < 0 ? longest : given;
-    };
-    c.seqlen_q = max_seqlen("query", "cu_seqlens_q", *c.cu_seqlens_q, q.size(0), "q.size(0)",
-                            "max_seqlen_q", max_seqlen_q);
-    c.seqlen_k = max_seqlen("key", "cu_seqlens_k", *c.cu_seqlens_k, k.size(0), "k.size(0)",
-                            "max_seqlen_k", max_seqlen_k);
+    c.seqlen_q = resolve_max_seqlen(kOp, "query", "cu_seqlens_q", *c.cu_seqlens_q, q.size(0),
+                                    "q.size(0)", "max_seqlen_q", max_seqlen_q);
+    c.seqlen_k = resolve_max_seqlen(kOp, "key", "cu_seqlens_k", *c.cu_seqlens_k, k.size(0),
+                                    "k.size(0)", "max_seqlen_k", max_seqlen_k);
   } else {
     check_dim(kOp, "q", q, 4, "(B, Sq, Hq, D)");
     check_dim(kOp, "k", k, 4, "(B, Sk, Hkv, D)");
@@ -95,10 +78,10 @@ FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
               ", Hkv = ", c.heads_kv, ")");
   c.head_dim = q.size(-1);
   c.head_dim_v = v.size(-1);
-  check_head_dim("q.size(-1) (head_dim)", c.head_dim);
+  check_head_dim(kOp, "q.size(-1) (head_dim)", c.head_dim);
   TORCH_CHECK(k.size(-1) == c.head_dim, kOp, ": k must have the same head_dim as q (q: ",
               c.head_dim, ", k: ", k.size(-1), ")");
-  check_head_dim("v.size(-1) (head_dim_v)", c.head_dim_v);
+  check_head_dim(kOp, "v.size(-1) (head_dim_v)", c.head_dim_v);
   check_last_dim_contiguous(kOp, "q", q);
   check_last_dim_contiguous(kOp, "k", k);
   check_last_dim_contiguous(kOp, "v", v);

@@ -23,6 +23,8 @@ from .ops import (  # noqa: E402
     chunk_gated_delta_rule,
     chunk_gla_path,
     chunk_simple_gla,
+    dsv4_attention,
+    dsv4_attention_path,
     fmha,
     fmha_path,
     merge_attn_states,
@@ -30,6 +32,8 @@ from .ops import (  # noqa: E402
 
 __all__ = [
     "build_info",
+    "dsv4_attention",
+    "dsv4_attention_path",
     "fmha",
     "fmha_path",
     "merge_attn_states",

@@ -68,6 +68,61 @@ def fmha_path(
     )
 
 
+def dsv4_attention(
+    q: Tensor,
+    kv: Tensor,
+    *,
+    sinks: Optional[Tensor] = None,
+    window: int = 128,
+    compressed_kv: Optional[Tensor] = None,
+    compress_ratio: int = 0,
+    topk_indices: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_kv: Optional[Tensor] = None,
+    cu_seqlens_compressed: Optional[Tensor] = None,
+    max_seqlen_q: int = -1,
+    max_seqlen_kv: int = -1,
+    return_lse: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """One DeepSeek-V4 attention layer: one softmax over three key sets of one shared KV head.
+
+    kv is one head used as both key and value. Query i of a sequence sits at position
+    t = Skv - Sq + i (Sq <= Skv) and sees:
+      - the window: kv rows j with t - window < j <= t (window >= 0; 0: none);
+      - with compressed_kv (compress_ratio r >= 1): its closed rows w < min(Sc, floor((t+1)/r)),
+        every one of them (HCA), or with topk_indices only those listed for this query (CSA).
+        A listed index that is negative, >= Sc or not yet closed is skipped and never read; a
+        repeated index counts each time it is listed.
+    out = sum exp(s) key / Z, Z = sum exp(s) + exp(sinks[h]), s = scale q.key (scale defaults to
+    1/sqrt(D)), lse = log Z. A query with nothing visible and no sink gets out = 0, lse = -inf.
+
+    Dense: q (B, Sq, Hq, D), kv (B, Skv, D), compressed_kv (B, Sc, D), topk_indices int32
+    (B, Sq, K). Varlen (cu_seqlens_q and cu_seqlens_kv, plus cu_seqlens_compressed with
+    compressed_kv; int32 or int64 (N+1,)): q (total_q, Hq, D), kv (total_kv, D),
+    compressed_kv (total_c, D), topk_indices (total_q, K) relative to each sequence's
+    compressed rows. sinks fp32 (Hq,). q, kv, compressed_kv bf16 or fp16 alike; only the last
+    dim must be contiguous. max_seqlen_* (>= the longest sequence) avoid a host sync on a GPU.
+
+    Returns out (q's shape and dtype) and, with return_lse, lse fp32 (B, Hq, Sq) or
+    (Hq, total_q).
+    """
+    out, lse = _ops.dsv4_attention(
+        q, kv, sinks=sinks, window=window, compressed_kv=compressed_kv,
+        compress_ratio=compress_ratio, topk_indices=topk_indices, scale=scale,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+        cu_seqlens_compressed=cu_seqlens_compressed, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv,
+    )
+    return (out, lse) if return_lse else out
+
+
+def dsv4_attention_path(q: Tensor, kv: Tensor, **kwargs) -> str:
+    """Name of the implementation dsv4_attention would run for these arguments (it validates
+    them the same way); takes dsv4_attention's keyword arguments, return_lse aside."""
+    return _ops.dsv4_attention_path(q, kv, **kwargs)
+
+
 def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """Exact attention over the union of two disjoint key sets from each set's (out, lse).
 
@@ -181,6 +236,24 @@ def _fmha_fake(q, k, v, *, scale=None, causal=False, window_left=-1, sinks=None,
         b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
         lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     return out, lse
+
+
+@torch.library.register_fake("dsv4::dsv4_attention")
+def _dsv4_attention_fake(q, kv, *, sinks=None, window=128, compressed_kv=None, compress_ratio=0,
+                         topk_indices=None, scale=None, cu_seqlens_q=None, cu_seqlens_kv=None,
+                         cu_seqlens_compressed=None, max_seqlen_q=-1, max_seqlen_kv=-1):
+    _check_same_device("dsv4_attention", "q", q, kv=kv, sinks=sinks, compressed_kv=compressed_kv,
+                       topk_indices=topk_indices, cu_seqlens_q=cu_seqlens_q,
+                       cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_compressed=cu_seqlens_compressed)
+    _run_check(_ops._dsv4_attention_check, q, kv, sinks=sinks, window=window,
+               compressed_kv=compressed_kv, compress_ratio=compress_ratio,
+               topk_indices=topk_indices, scale=scale, cu_seqlens_q=cu_seqlens_q,
+               cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_compressed=cu_seqlens_compressed,
+               max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+    out = q.new_empty(q.shape)
+    if cu_seqlens_q is not None:
+        return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 @torch.library.register_fake("dsv4::merge_attn_states")

@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["attention", "merge_attn_states", "gated_delta_rule", "simple_gla", "l2norm"]
+__all__ = ["attention", "dsv4_attention", "merge_attn_states", "gated_delta_rule", "simple_gla", "l2norm"]
 
 
 def _f64(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -136,6 +136,94 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor,
     else:
         w_a, w_b = w_a.transpose(0, 1).unsqueeze(-1), w_b.transpose(0, 1).unsqueeze(-1)
     return out_a * w_a + out_b * w_b, lse
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V4 attention
+
+
+def _dsv4_sequence(q, kv, comp, topk, sinks, scale, window, ratio):
+    """One sequence: q (Sq, H, D), kv (Skv, D), comp (Sc, D) or None, topk (Sq, K) or None.
+
+    Returns out (Sq, H, D) and lse (H, Sq)."""
+    sq, h, d = q.shape
+    skv = kv.shape[0]
+    out = torch.zeros(sq, h, d, dtype=torch.float64)
+    lse = torch.full((h, sq), -math.inf, dtype=torch.float64)
+    for i in range(sq):
+        t = skv - sq + i  # bottom-right aligned position of query i
+        keys = [kv[j] for j in range(max(0, t - window + 1), t + 1)]
+        if comp is not None:
+            closed = min(comp.shape[0], (t + 1) // ratio) if t + 1 > 0 else 0
+            if topk is None:
+                keys += [comp[w] for w in range(closed)]
+            else:
+                keys += [comp[w] for w in topk[i].tolist() if 0 <= w < closed]
+        logits = [scale * (q[i] @ key) for key in keys]  # each (H,)
+        if sinks is not None:
+            logits.append(sinks)  # the sink joins the denominator and carries no value
+        if not logits:
+            continue  # nothing visible and no sink: out 0, lse -inf
+        s = torch.stack(logits, dim=-1)  # (H, n)
+        m = s.amax(dim=-1, keepdim=True)
+        e = torch.exp(s - m)
+        z = e.sum(dim=-1, keepdim=True)
+        if keys:
+            out[i] = (e[:, :len(keys)] / z) @ torch.stack(keys)
+        lse[:, i] = (torch.log(z) + m).squeeze(-1)
+    return out, lse
+
+
+def dsv4_attention(
+    q: Tensor,
+    kv: Tensor,
+    *,
+    sinks: Optional[Tensor] = None,
+    window: int = 128,
+    compressed_kv: Optional[Tensor] = None,
+    compress_ratio: int = 0,
+    topk_indices: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_kv: Optional[Tensor] = None,
+    cu_seqlens_compressed: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """DeepSeek-V4 attention by explicit per-query gathering; the oracle for dsv4.dsv4_attention.
+
+    Query i of a sequence sits at t = Skv - Sq + i. Its keys (kv rows are keys and values):
+    kv rows t - window < j <= t; with compressed_kv (ratio r), the closed rows
+    w < min(Sc, floor((t + 1) / r)), all of them or, with topk_indices, those it lists (a listed
+    index outside that range is skipped, a repeated one counts again). One softmax over them
+    and the per-head sink. Dense: q (B, Sq, H, D), kv (B, Skv, D), compressed_kv (B, Sc, D),
+    topk_indices (B, Sq, K) -> out (B, Sq, H, D), lse (B, H, Sq). Varlen: the same rows packed
+    with cu_seqlens_q / _kv / _compressed -> out (total_q, H, D), lse (H, total_q).
+    """
+    q, kv, compressed_kv, sinks = map(_f64, (q, kv, compressed_kv, sinks))
+    topk = None if topk_indices is None else topk_indices.detach().cpu().long()
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    run = lambda qs, kvs, cs, ts: _dsv4_sequence(  # noqa: E731
+        qs, kvs, cs, ts, sinks, scale, window, compress_ratio)
+    if cu_seqlens_q is None:
+        outs, lses = zip(*[run(q[b], kv[b], None if compressed_kv is None else compressed_kv[b],
+                               None if topk is None else topk[b]) for b in range(q.shape[0])]) \
+            if q.shape[0] else ((), ())
+        out = torch.stack(outs) if outs else torch.zeros(q.shape, dtype=torch.float64)
+        lse = torch.stack(lses) if lses else torch.zeros(0, q.shape[2], q.shape[1],
+                                                          dtype=torch.float64)
+        return out, lse
+    bq, bk = _seq_bounds(cu_seqlens_q), _seq_bounds(cu_seqlens_kv)
+    bc = _seq_bounds(cu_seqlens_compressed) if compressed_kv is not None else [(0, 0)] * len(bq)
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float64)
+    for (q0, q1), (k0, k1), (c0, c1) in zip(bq, bk, bc):
+        if q1 == q0:
+            continue
+        o_seq, l_seq = run(q[q0:q1], kv[k0:k1],
+                           None if compressed_kv is None else compressed_kv[c0:c1],
+                           None if topk is None else topk[q0:q1])
+        out[q0:q1] = o_seq
+        lse[:, q0:q1] = l_seq
+    return out, lse
 
 
 # ----------------------------------------------------------------------------- linear attention
