@@ -39,6 +39,20 @@ def _fmha_samples(gen, device):
         cu_seqlens_k=cu_seqlens([5, 2, 5], device), max_seqlen_q=7, max_seqlen_k=5)
 
 
+def _dsv4_samples(gen, device):
+    q, kv = randn(gen, 2, 9, 4, 64, device=device), randn(gen, 2, 20, 64, device=device)
+    comp = randn(gen, 2, 5, 64, device=device)
+    yield (q, kv), dict(window=4, sinks=randn(gen, 4, dtype=torch.float32, device=device))
+    yield (q, kv), dict(window=3, compressed_kv=comp, compress_ratio=4)
+    yield (q, kv), dict(window=3, compressed_kv=comp, compress_ratio=4, scale=0.3,
+                        topk_indices=torch.randint(-1, 6, (2, 9, 3), generator=gen,
+                                                   dtype=torch.int32).to(device))
+    yield (randn(gen, 8, 4, 64, device=device), randn(gen, 15, 64, device=device)), dict(
+        window=5, compressed_kv=randn(gen, 4, 64, device=device), compress_ratio=3,
+        cu_seqlens_q=cu_seqlens([3, 0, 5], device), cu_seqlens_kv=cu_seqlens([6, 2, 7], device),
+        cu_seqlens_compressed=cu_seqlens([2, 0, 2], device), max_seqlen_q=5, max_seqlen_kv=7)
+
+
 def _merge_samples(gen, device):
     def lse(*shape):
         x = randn(gen, *shape, dtype=torch.float32, device=device)
@@ -69,6 +83,7 @@ def _chunk_samples(gen, device, with_beta):
 
 SAMPLES = {
     "fmha": _fmha_samples,
+    "dsv4_attention": _dsv4_samples,
     "merge_attn_states": _merge_samples,
     "chunk_gated_delta_rule": lambda gen, dev: _chunk_samples(gen, dev, True),
     "chunk_simple_gla": lambda gen, dev: _chunk_samples(gen, dev, False),
@@ -120,6 +135,26 @@ def test_compile_attention_fullgraph(gen, device, backend):
     want_out, want_lse = _attention_block(q, k, v, sinks)
     torch.testing.assert_close(out, want_out)
     assert_lse_close(lse, want_lse, atol=0)
+
+
+def _dsv4_layer(q, kv, comp, topk, sinks):
+    # A CSA layer and an HCA layer on the same q, as a model's forward would call them.
+    csa = ops.dsv4_attention(q, kv, sinks=sinks, compressed_kv=comp, compress_ratio=4,
+                             topk_indices=topk)
+    hca = ops.dsv4_attention(q, kv, sinks=sinks, window=16, compressed_kv=comp,
+                             compress_ratio=4)
+    return csa.float() + hca.float()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_dsv4_attention_fullgraph(gen, device, backend):
+    q, kv = randn(gen, 1, 12, 8, 64, device=device), randn(gen, 1, 40, 64, device=device)
+    comp = randn(gen, 1, 10, 64, device=device)
+    topk = torch.randint(-1, 10, (1, 12, 4), generator=gen, dtype=torch.int32).to(device)
+    sinks = randn(gen, 8, dtype=torch.float32, device=device)
+    compiled = torch.compile(_dsv4_layer, fullgraph=True, backend=backend)
+    torch.testing.assert_close(compiled(q, kv, comp, topk, sinks),
+                               _dsv4_layer(q, kv, comp, topk, sinks))
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

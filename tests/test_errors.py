@@ -406,3 +406,150 @@ def test_chunk_non_finite_scale(gen, op):
 def test_chunk_device_mix(gen, op, name, make):
     args = _chunk(gen, op, "cuda", **{name: make(gen)})
     _raises(rf"{op}: {name} must be on the same device as q", _call_chunk, op, args, fake=False)
+
+
+# ----------------------------------------------------------------------------- dsv4_attention inputs
+
+
+def _dsv4(gen, device="cpu", **over):
+    """A valid CSA call: q (1, 7, 4, 64), kv (1, 9, 64), compressed (1, 3, 64), top-k 2."""
+    args = dict(q=randn(gen, 1, 7, 4, 64, device=device), kv=randn(gen, 1, 9, 64, device=device),
+                compressed_kv=randn(gen, 1, 3, 64, device=device), compress_ratio=4,
+                topk_indices=torch.zeros(1, 7, 2, dtype=torch.int32, device=device),
+                sinks=torch.zeros(4, device=device))
+    args.update(over)
+    return args
+
+
+def _dsv4_varlen(gen, device="cpu", **over):
+    """A valid varlen HCA call: sequences of [3, 4] queries over [5, 4] kv rows, [1, 1] compressed."""
+    args = dict(q=randn(gen, 7, 4, 64, device=device), kv=randn(gen, 9, 64, device=device),
+                compressed_kv=randn(gen, 2, 64, device=device), compress_ratio=4,
+                cu_seqlens_q=cu_seqlens([3, 4], device), cu_seqlens_kv=cu_seqlens([5, 4], device),
+                cu_seqlens_compressed=cu_seqlens([1, 1], device))
+    args.update(over)
+    return args
+
+
+def _call_dsv4(args):
+    args = dict(args)
+    return ops.dsv4_attention(args.pop("q"), args.pop("kv"), **args)
+
+
+def test_dsv4_valid_base_calls_pass(gen):
+    _call_dsv4(_dsv4(gen))
+    _call_dsv4(_dsv4_varlen(gen, max_seqlen_q=4, max_seqlen_kv=5))
+
+
+@pytest.mark.parametrize("make,match", [
+    pytest.param(lambda g: _dsv4(g, q=randn(g, 1, 7, 4, 64, dtype=torch.float32)),
+                 r"dsv4_attention: q must be bf16 or fp16 \(got Float\)", id="fp32-q"),
+    pytest.param(lambda g: _dsv4(g, kv=randn(g, 1, 9, 64, dtype=torch.float16)),
+                 r"dsv4_attention: kv must have the same dtype as q", id="kv-fp16"),
+    pytest.param(lambda g: _dsv4(g, compressed_kv=randn(g, 1, 3, 64, dtype=torch.float16)),
+                 r"dsv4_attention: compressed_kv must have the same dtype as q", id="comp-fp16"),
+    pytest.param(lambda g: _dsv4(g, topk_indices=torch.zeros(1, 7, 2, dtype=torch.int64)),
+                 r"dsv4_attention: topk_indices must be Int \(got Long\)", id="topk-int64"),
+    pytest.param(lambda g: _dsv4(g, sinks=torch.zeros(4, dtype=BF16)),
+                 r"dsv4_attention: sinks must be Float \(got BFloat16\)", id="sinks-bf16"),
+])
+def test_dsv4_wrong_dtype(gen, make, match):
+    _raises(match, _call_dsv4, make(gen))
+
+
+@pytest.mark.parametrize("make,match", [
+    pytest.param(lambda g: _dsv4(g, kv=randn(g, 1, 9, 1, 64)),
+                 r"dsv4_attention: kv must be 3-D \(B, Skv, D\)", id="kv-4d"),
+    pytest.param(lambda g: _dsv4(g, q=randn(g, 7, 4, 64)),
+                 r"dsv4_attention: q must be 4-D \(B, Sq, Hq, D\)", id="q-3d"),
+    pytest.param(lambda g: _dsv4(g, kv=randn(g, 2, 9, 64)),
+                 r"dsv4_attention: kv\.size\(0\) \(batch, as in q\) must be 1", id="kv-batch"),
+    pytest.param(lambda g: _dsv4(g, kv=randn(g, 1, 6, 64)),
+                 r"dsv4_attention: q has more tokens than kv \(Sq = 7, Skv = 6\)", id="sq>skv"),
+    pytest.param(lambda g: _dsv4(g, kv=randn(g, 1, 9, 32)),
+                 r"dsv4_attention: kv must have the same head_dim as q \(q: 64, kv: 32\)",
+                 id="kv-d"),
+    pytest.param(lambda g: _dsv4(g, compressed_kv=randn(g, 1, 3, 128)),
+                 r"dsv4_attention: compressed_kv must have the same head_dim as q", id="comp-d"),
+    pytest.param(lambda g: _dsv4(g, q=randn(g, 1, 7, 4, 60), kv=randn(g, 1, 9, 60),
+                                 compressed_kv=randn(g, 1, 3, 60)),
+                 r"dsv4_attention: q\.size\(-1\) \(head_dim\) must be a positive multiple of 8",
+                 id="d60"),
+    pytest.param(lambda g: _dsv4(g, q=randn(g, 1, 7, 4, 576), kv=randn(g, 1, 9, 576),
+                                 compressed_kv=randn(g, 1, 3, 576)),
+                 r"dsv4_attention: q\.size\(-1\) \(head_dim\) must be .*at most 512", id="d576"),
+    pytest.param(lambda g: _dsv4(g, topk_indices=torch.zeros(1, 6, 2, dtype=torch.int32)),
+                 r"dsv4_attention: topk_indices must have shape \(B, Sq, K\) = \(1, 7, K\)",
+                 id="topk-sq"),
+    pytest.param(lambda g: _dsv4_varlen(g, topk_indices=torch.zeros(1, 7, 2, dtype=torch.int32)),
+                 r"dsv4_attention: topk_indices must have shape \(total_q, K\)", id="topk-varlen"),
+    pytest.param(lambda g: _dsv4(g, sinks=torch.zeros(3)),
+                 r"dsv4_attention: sinks must have shape \(Hq,\) = \(4,\)", id="sinks-len"),
+    pytest.param(lambda g: _dsv4(g, kv=randn(g, 1, 64, 9).transpose(1, 2)),
+                 r"dsv4_attention: kv must be contiguous in its last dim", id="kv-stride"),
+])
+def test_dsv4_bad_shapes(gen, make, match):
+    _raises(match, _call_dsv4, make(gen))
+
+
+@pytest.mark.parametrize("make,match", [
+    pytest.param(lambda g: _dsv4(g, compress_ratio=0),
+                 r"dsv4_attention: compress_ratio must be >= 1 when compressed_kv is given "
+                 r"\(got 0\)", id="ratio0"),
+    pytest.param(lambda g: _dsv4(g, compressed_kv=None, topk_indices=None),
+                 r"dsv4_attention: compress_ratio applies only with compressed_kv", id="ratio-alone"),
+    pytest.param(lambda g: _dsv4(g, compressed_kv=None, compress_ratio=0),
+                 r"dsv4_attention: topk_indices select rows of compressed_kv, which was not given",
+                 id="topk-alone"),
+    pytest.param(lambda g: _dsv4(g, window=-1),
+                 r"dsv4_attention: window must be >= 0 .*got -1", id="window-neg"),
+    pytest.param(lambda g: _dsv4(g, scale=math.inf),
+                 r"dsv4_attention: scale must be finite", id="scale-inf"),
+    pytest.param(lambda g: _dsv4(g, max_seqlen_q=7),
+                 r"dsv4_attention: max_seqlen_q and max_seqlen_kv apply to varlen calls only",
+                 id="max-seqlen-dense"),
+])
+def test_dsv4_bad_arguments(gen, make, match):
+    _raises(match, _call_dsv4, make(gen))
+
+
+@pytest.mark.parametrize("make,match,values", [
+    pytest.param(lambda g: _dsv4_varlen(g, cu_seqlens_kv=None),
+                 r"dsv4_attention: cu_seqlens_q and cu_seqlens_kv must be given together", False,
+                 id="kv-missing"),
+    pytest.param(lambda g: _dsv4_varlen(g, cu_seqlens_compressed=None),
+                 r"dsv4_attention: a varlen call with compressed_kv needs cu_seqlens_compressed",
+                 False, id="comp-cu-missing"),
+    pytest.param(lambda g: _dsv4(g, cu_seqlens_compressed=cu_seqlens([3])),
+                 r"dsv4_attention: cu_seqlens_compressed goes with compressed_kv in a varlen call",
+                 False, id="comp-cu-dense"),
+    pytest.param(lambda g: _dsv4_varlen(g, cu_seqlens_kv=cu_seqlens([9])),
+                 r"dsv4_attention: cu_seqlens_kv must have the same length as cu_seqlens_q", False,
+                 id="n-differs"),
+    pytest.param(lambda g: _dsv4_varlen(g, cu_seqlens_q=cu_seqlens([3, 4]).float()),
+                 r"dsv4_attention: cu_seqlens_q must be int32 or int64 \(got Float\)", False,
+                 id="cu-float"),
+    pytest.param(lambda g: _dsv4_varlen(g, cu_seqlens_kv=cu_seqlens([2, 7])),
+                 r"dsv4_attention: sequence 0 has more queries than kv tokens \(Sq = 3, Skv = 2\)",
+                 True, id="sq>skv"),
+    pytest.param(lambda g: _dsv4_varlen(g, cu_seqlens_compressed=cu_seqlens([1, 2])),
+                 r"dsv4_attention: cu_seqlens_compressed must end at compressed_kv\.size\(0\) = 2",
+                 True, id="comp-total"),
+    pytest.param(lambda g: _dsv4_varlen(g, max_seqlen_kv=4),
+                 r"dsv4_attention: max_seqlen_kv must be >= the longest kv sequence \(5\)", True,
+                 id="max-seqlen-small"),
+])
+def test_dsv4_bad_cu_seqlens(gen, make, match, values):
+    _raises(match, _call_dsv4, make(gen), fake=not values)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,make", [
+    pytest.param("kv", lambda g: randn(g, 1, 9, 64), id="kv-cpu"),
+    pytest.param("compressed_kv", lambda g: randn(g, 1, 3, 64), id="comp-cpu"),
+    pytest.param("topk_indices", lambda g: torch.zeros(1, 7, 2, dtype=torch.int32), id="topk-cpu"),
+    pytest.param("sinks", lambda g: torch.zeros(4), id="sinks-cpu"),
+])
+def test_dsv4_device_mix(gen, name, make):
+    _raises(rf"dsv4_attention: {name} must be on the same device as q", _call_dsv4,
+            _dsv4(gen, "cuda", **{name: make(gen)}), fake=False)
