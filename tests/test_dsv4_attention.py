@@ -97,8 +97,8 @@ def test_varlen_against_oracle(gen, device, lens_q, lens_kv, lens_c, kind, max_s
     _check(ops.dsv4_attention(q, kv, return_lse=True, **kw), want, BF16)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16], ids=["fp16"])
-def test_fp16_and_scale(gen, device, dtype):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_other_dtypes_and_scale(gen, device, dtype):
     q, kv = randn(gen, 1, 30, 4, 64, dtype=dtype, device=device), \
         randn(gen, 1, 70, 64, dtype=dtype, device=device)
     kw = dict(window=16, compressed_kv=randn(gen, 1, 17, 64, dtype=dtype, device=device),

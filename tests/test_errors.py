@@ -442,8 +442,8 @@ def test_dsv4_valid_base_calls_pass(gen):
 
 
 @pytest.mark.parametrize("make,match", [
-    pytest.param(lambda g: _dsv4(g, q=randn(g, 1, 7, 4, 64, dtype=torch.float32)),
-                 r"dsv4_attention: q must be bf16 or fp16 \(got Float\)", id="fp32-q"),
+    pytest.param(lambda g: _dsv4(g, q=randn(g, 1, 7, 4, 64, dtype=torch.float64)),
+                 r"dsv4_attention: q must be bf16, fp16 or fp32 \(got Double\)", id="fp64-q"),
     pytest.param(lambda g: _dsv4(g, kv=randn(g, 1, 9, 64, dtype=torch.float16)),
                  r"dsv4_attention: kv must have the same dtype as q", id="kv-fp16"),
     pytest.param(lambda g: _dsv4(g, compressed_kv=randn(g, 1, 3, 64, dtype=torch.float16)),

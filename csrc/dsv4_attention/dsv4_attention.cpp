@@ -39,7 +39,10 @@ Dsv4Call check_dsv4_inputs(const at::Tensor& q, const at::Tensor& kv,
                            int64_t max_seqlen_q, int64_t max_seqlen_kv) {
   check_defined(kOp, "q", q);
   check_defined(kOp, "kv", kv);
-  check_half_dtype(kOp, "q", q);
+  // fp32 runs on the reference path (for fp32 models); the kernel takes bf16 and fp16.
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf ||
+                  q.scalar_type() == at::kFloat,
+              kOp, ": q must be bf16, fp16 or fp32 (got ", q.scalar_type(), ")");
   check_same_dtype(kOp, "kv", kv, "q", q);
   check_same_device(kOp, "kv", kv, "q", q);
   const bool has_c = compressed_kv.has_value();
