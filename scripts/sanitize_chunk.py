@@ -1,6 +1,7 @@
 """A small varlen call of each chunked op on the sm90 path, for compute-sanitizer
 memcheck/racecheck: lengths straddle the 64-token chunk, one sequence is empty, GVA ratio 2,
-initial and final state, so every role and both pipeline stages wrap around."""
+initial and final state, so every role and both pipeline stages wrap around; the delta rule
+also runs with use_qk_l2norm_in_kernel."""
 import torch
 import torch.nn.functional as F
 
@@ -22,6 +23,10 @@ o1, f1 = dsv4_attn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
                                           output_final_state=True, cu_seqlens=cu)
 o2, f2 = dsv4_attn.chunk_simple_gla(q, k, v, g, initial_state=s0, output_final_state=True,
                                     cu_seqlens=cu)
+# The fused l2norm rewrites q and k in shared memory before the prep's and chain's reads.
+o3, f3 = dsv4_attn.chunk_gated_delta_rule(3 * q, k, v, g.bfloat16(), beta.bfloat16(),
+                                          initial_state=s0, output_final_state=True,
+                                          cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
 torch.cuda.synchronize()
-assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2))
-print("sanitize_chunk: sm90 path ran for both ops, outputs finite")
+assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3))
+print("sanitize_chunk: sm90 path ran for both ops (and the fused l2norm), outputs finite")

@@ -28,10 +28,13 @@ from dsv4_attn import reference
 
 REL_RMS_TOL = 2e-2     # bf16 outputs sit near 3e-3; a broken kernel lands far above
 ORACLE_Q_HEADS = 8     # fmha oracle: first 8 query heads (they share the single KV head)
+ORACLE_ROWS = 16       # dsv4_attention oracle: the last 16 queries, all heads
 
 
 @dataclass
 class Sizes:
+    layer: int        # Sq = Skv of the dsv4_attention layers (V4-Flash: 4096)
+    topk: int         # K of the CSA layer (V4-Flash: 512)
     seq: int          # Sq = Sk of the windowed prefill
     chunk_q: int      # Sq of the chunked prefill ...
     chunk_k: int      # ... against this many keys
@@ -43,11 +46,13 @@ class Sizes:
 
 def pick_sizes(device: torch.device, quick: bool) -> Sizes:
     if quick:
-        return Sizes(seq=128, chunk_q=64, chunk_k=256, compressed=128, tokens=128, warmup=1, rep=2)
+        return Sizes(layer=256, topk=32, seq=128, chunk_q=64, chunk_k=256, compressed=128,
+                     tokens=128, warmup=1, rep=2)
     if device.type == "cuda":
-        return Sizes(seq=1024, chunk_q=128, chunk_k=4096, compressed=512, tokens=4096,
-                     warmup=3, rep=20)
-    return Sizes(seq=256, chunk_q=128, chunk_k=512, compressed=512, tokens=512, warmup=1, rep=3)
+        return Sizes(layer=4096, topk=512, seq=1024, chunk_q=128, chunk_k=4096, compressed=512,
+                     tokens=4096, warmup=2, rep=5)
+    return Sizes(layer=512, topk=128, seq=256, chunk_q=128, chunk_k=512, compressed=512,
+                 tokens=512, warmup=1, rep=3)
 
 
 @dataclass
@@ -200,6 +205,60 @@ def case_merge(name, b, s, n_keys, hq, sz, device, dtype) -> Row:
     return row
 
 
+def case_layer(kind, sz, device, dtype) -> Row:
+    """One DeepSeek-V4-Flash attention layer through dsv4_attention: Hq = 64, D = 512, a
+    128-token window and sinks; CSA adds the top-K of a 4x compressed KV, HCA every closed row
+    of a 128x compressed KV. Parity: the float64 oracle on the last ORACLE_ROWS queries (their
+    positions do not depend on how many queries come before). SDPA peer: one masked call over
+    the same keys (window rows, then compressed rows) with the layer's visibility as a mask."""
+    s, hq, d = sz.layer, 64, 512
+    q, kv, sinks, scale = v4_inputs(1, s, s, hq, device, dtype)
+    kv = kv[:, :, 0]  # (B, Skv, D)
+    kw = dict(sinks=sinks, window=128, scale=scale)
+    ratio = {"sliding": 0, "CSA": 4, "HCA": 128}[kind]
+    if ratio:
+        kw.update(compressed_kv=randn(1, s // ratio, d, dtype=dtype, device=device),
+                  compress_ratio=ratio)
+    if kind == "CSA":
+        # An indexer's pick: K distinct closed rows per query where it has that many, else -1.
+        t = torch.arange(s, device=device).view(s, 1)
+        closed = (t + 1) // ratio
+        pick = torch.rand(s, s // ratio, device=device).masked_fill(
+            torch.arange(s // ratio, device=device).view(1, -1) >= closed, -1.0)
+        idx = pick.topk(min(sz.topk, s // ratio), dim=-1).indices
+        kw["topk_indices"] = torch.where(idx < closed, idx, -1).to(torch.int32).unsqueeze(0)
+    path = dsv4.dsv4_attention_path(q, kv, **kw)
+    out = dsv4.dsv4_attention(q, kv, **kw)
+    m = min(ORACLE_ROWS, s)
+    last = {k: (v[:, -m:] if k == "topk_indices" else v) for k, v in kw.items()}
+    ref, _ = reference.dsv4_attention(q[:, -m:], kv, **last)
+    rel, mx = errors(out[:, -m:], ref)
+    n_c = s // ratio if ratio else 0
+    label = {"sliding": "sliding", "CSA": f"CSA r=4 K={kw.get('topk_indices', q).shape[-1]}",
+             "HCA": "HCA r=128"}[kind]
+    row = Row(f"v4 layer {label} S={s} Hq={hq} D={d} Sc={n_c}", path,
+              f"oracle f64 last {m} queries", rel, mx)
+    row.ours_ms = time_ms(lambda: dsv4.dsv4_attention(q, kv, **kw), device, sz.warmup, sz.rep)
+    # The dense-mask peer: [window rows | compressed rows] keys, visibility as a boolean mask.
+    t = torch.arange(s, device=device).view(s, 1)
+    mask = window_mask(s, s, 127, device)
+    keys = kv
+    if ratio:
+        w = torch.arange(n_c, device=device).view(1, n_c)
+        visible = w < (t + 1) // ratio
+        if kind == "CSA":
+            listed = torch.zeros(s, n_c + 1, dtype=torch.bool, device=device)
+            sel = kw["topk_indices"][0].long()
+            listed.scatter_(1, torch.where(sel >= 0, sel, n_c), True)
+            visible = visible & listed[:, :n_c]
+        mask = torch.cat([mask, visible], dim=1)
+        keys = torch.cat([kv, kw["compressed_kv"]], dim=1)
+    keys = keys.unsqueeze(2)
+    row.sdpa_ms = time_ms(lambda: sdpa(q, keys, keys, scale=scale, mask=mask), device,
+                          sz.warmup, sz.rep)
+    return row
+
+
 # ----------------------------------------------------------------------------- Qwen3-Next-like
 
 
@@ -284,11 +343,18 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"dsv4_attn {dsv4.__version__} | device {name} | torch {torch.__version__} | "
-          f"CUDA {torch.version.cuda or 'none'} | inputs bf16")
+    info = dsv4.build_info()
+    print(f"dsv4_attn {dsv4.__version__} build: CUDA kernels "
+          f"{'yes (' + ','.join(info['cuda_archs']) + ')' if info['cuda_kernels'] else 'no'}, "
+          f"built with torch {info['torch_version']}, CUDA toolkit {info['cuda_toolkit'] or '-'}")
+    print(f"device {name} | torch {torch.__version__} | CUDA {torch.version.cuda or 'none'} | "
+          "inputs bf16")
 
     d4 = "Hkv=1 D=512 K=V"
     cases = [
+        lambda: case_layer("sliding", sz, device, dtype),
+        lambda: case_layer("CSA", sz, device, dtype),
+        lambda: case_layer("HCA", sz, device, dtype),
         lambda: case_window(f"v4 window+sinks S={sz.seq} Hq=64 {d4}", 1, sz.seq, sz.seq, 64,
                             True, sz, device, dtype),
         lambda: case_window(f"v4 window+sinks S={sz.seq} Hq=128 {d4}", 1, sz.seq, sz.seq, 128,
