@@ -156,7 +156,8 @@ def test_unbuilt_source_tree_import_explains_itself(tmp_path):
 @pytest.mark.skipif(not os.path.isdir(os.path.join(REPO, "src", "dsv4_attn")),
                     reason="needs the project's source tree")
 def test_package_imports_from_the_project_root():
-    # The package lives under src/, so running from the root cannot shadow the installed copy.
-    assert not os.path.exists(os.path.join(REPO, "dsv4_attn"))
-    r = _python("import dsv4_attn; print(dsv4_attn.build_info()['version'])", cwd=REPO)
+    # The package lives under src/, so running from the root cannot shadow the built copy.
+    r = _python("import dsv4_attn; print(dsv4_attn.build_info()['version']); "
+                "print(dsv4_attn.__file__)", cwd=REPO)
     assert r.returncode == 0, r.stderr
+    assert os.path.dirname(r.stdout.split()[-1]) == PKG_DIR

@@ -203,7 +203,9 @@ def _check_same_device(op: str, ref_name: str, ref: Tensor, **tensors) -> None:
                                f"({ref_name}: {ref.device}, {name}: {t.device})")
 
 
-_size_hint = getattr(_symbolic_shapes, "size_hint", None) or _symbolic_shapes.hint_int
+# A traced size's example value, without adding a guard; torch renamed this helper over time.
+_size_hint = next(getattr(_symbolic_shapes, name) for name in
+                  ("optimization_hint", "size_hint", "hint_int") if hasattr(_symbolic_shapes, name))
 
 
 def _meta_standin(x):
