@@ -22,7 +22,7 @@ import tempfile
 
 import torch
 import torch.utils.cpp_extension as cpp_ext
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -186,6 +186,7 @@ class CheckedBuildExtension(BuildExtension):
     arrive as RuntimeError. A build whose exceptions crash the process fails here, loudly."""
 
     def run(self):
+        _write_build_info(WITH_CUDA)
         super().run()
         for ext in self.extensions:
             lib = self.get_ext_fullpath(ext.name)
@@ -202,25 +203,15 @@ class CheckedBuildExtension(BuildExtension):
             _say(f"build check passed: {r.stdout.strip()}")
 
 
-def _main():
-    with_cuda, why_not = _cuda_plan()
-    if not with_cuda:
-        _say(f"building without the CUDA kernels: {why_not}")
-    _pick_cxx()
-    _write_build_info(with_cuda)
-    setup(
-        name="dsv4_attn",
-        version="0.1.0",
-        description="Hopper attention and chunked linear-attention kernels as torch ops",
-        package_dir={"": "src"},
-        packages=find_packages("src", include=["dsv4_attn", "dsv4_attn.*"]),
-        ext_modules=[_extension(with_cuda)],
-        cmdclass={"build_ext": CheckedBuildExtension},
-        options={"bdist_wheel": {"py_limited_api": f"cp{PY_MIN[0]}{PY_MIN[1]}"}},
-        python_requires=f">={PY_MIN[0]}.{PY_MIN[1]}",
-        install_requires=["torch>=2.6"],
-        extras_require={"test": ["pytest", "numpy", "transformers==5.17.0"]},
-    )
+WITH_CUDA, _WHY_NOT_CUDA = _cuda_plan()
+if not WITH_CUDA:
+    _say(f"building without the CUDA kernels: {_WHY_NOT_CUDA}")
+_pick_cxx()
 
-
-_main()
+# Metadata (name, version, dependencies, the test extra, packages under src/) is in
+# pyproject.toml; this file adds what needs code: the extension and its build command.
+setup(
+    ext_modules=[_extension(WITH_CUDA)],
+    cmdclass={"build_ext": CheckedBuildExtension},
+    options={"bdist_wheel": {"py_limited_api": f"cp{PY_MIN[0]}{PY_MIN[1]}"}},
+)

@@ -85,6 +85,7 @@ def test_build_info_describes_this_build():
     assert info["torch_version"].split("+")[0].split(".")[:2] == \
         torch.__version__.split("+")[0].split(".")[:2]
     assert info["cxx_standard"] >= 201703
+    assert dsv4_attn._C.__file__.endswith(".abi3.so")  # one build for every CPython >= torch's floor
     if info["cuda_kernels"]:
         assert info["cuda_archs"] == ["sm_90a"]
         assert info["cuda_toolkit"].split(".")[0] == info["torch_cuda"].split(".")[0]
