@@ -17,3 +17,17 @@ out, lse = dsv4_attn.fmha(q, k, v, causal=True, window_left=127, sinks=sinks, re
 torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: sm90 path ran, outputs finite")
+
+# head_dim 512, k is v (csrc/mqa512): 4 tokens x 16 heads per tile with a window, and a
+# two-token decode with 128 heads (two head blocks per token).
+for b, sq, sk, hq, window in ((2, 70, 200, 16, 63), (1, 2, 300, 128, -1)):
+    q = torch.randn(b, sq, hq, 512, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(b, sk, 1, 512, device="cuda", dtype=torch.bfloat16)
+    sinks = torch.randn(hq, device="cuda")
+    path = dsv4_attn.fmha_path(q, kv, kv, causal=True, window_left=window, sinks=sinks)
+    assert path == "sm90", f"expected the sm90 path at head_dim 512, got {path}"
+    out, lse = dsv4_attn.fmha(q, kv, kv, causal=True, window_left=window, sinks=sinks,
+                              return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: head_dim 512 sm90 path ran, outputs finite")

@@ -209,7 +209,8 @@ def test_fmha_uncovered_head_dims_take_reference_path():
     q = torch.randn(1, 65, 4, 96, device="cuda").bfloat16()
     assert dsv4_attn.fmha_path(q, q, q) == "reference"
     q = torch.randn(1, 65, 4, 512, device="cuda").bfloat16()
-    assert dsv4_attn.fmha_path(q, q, q) == "reference"
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    assert dsv4_attn.fmha_path(q, k, v) == "reference"  # head_dim 512 needs k is v
 
 
 def test_fmha_reference_path_on_cuda(monkeypatch):

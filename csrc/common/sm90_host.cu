@@ -59,7 +59,7 @@ bool tma_compatible(const at::Tensor& t) {
 }
 
 CUtensorMap make_tensor_map_bshd(const char* op, const at::Tensor& t, const char* name,
-                                 uint32_t box_rows) {
+                                 uint32_t box_rows, uint32_t box_heads) {
   TORCH_CHECK(t.dim() == 4 && t.numel() > 0, op, ": cannot describe ", name,
               " with a tensor map (shape ", t.sizes(), ")");
   const int64_t elem = t.element_size();
@@ -73,7 +73,7 @@ CUtensorMap make_tensor_map_bshd(const char* op, const at::Tensor& t, const char
     strides[i] = t.size(d) == 1 ? 16 * ((t.size(3) * elem + 15) / 16)
                                 : static_cast<cuuint64_t>(t.stride(d) * elem);
   }
-  cuuint32_t box[4] = {64, box_rows, 1, 1};
+  cuuint32_t box[4] = {64, box_rows, box_heads, 1};
   cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dtype = t.scalar_type() == at::kBFloat16
                                         ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -88,7 +88,7 @@ CUtensorMap make_tensor_map_bshd(const char* op, const at::Tensor& t, const char
     msg << op << ": cuTensorMapEncodeTiled failed for " << name << " (CUresult " << res
         << "): dims (d, s, h, b) = [" << dims[0] << ", " << dims[1] << ", " << dims[2] << ", "
         << dims[3] << "], byte strides (s, h, b) = [" << strides[0] << ", " << strides[1] << ", "
-        << strides[2] << "], box = [" << box[0] << ", " << box[1] << ", 1, 1], base "
+        << strides[2] << "], box = [" << box[0] << ", " << box[1] << ", " << box[2] << ", 1], base "
         << t.data_ptr();
     TORCH_CHECK(false, msg.str());
   }

@@ -23,9 +23,10 @@ bool sm90_disabled_by_env();
 bool tma_compatible(const at::Tensor& t);
 
 // Tensor map over a 4-D (B, S, H, D) tensor with its real strides, coordinates (d, s, h, b)
-// innermost first; box (64, box_rows, 1, 1) written with the 128-byte swizzle that wgmma reads.
-// `op` and `name` go into the error message if the driver refuses the encoding.
+// innermost first; box (64, box_rows, box_heads, 1) written with the 128-byte swizzle that
+// wgmma reads, as box_heads x box_rows rows of 64 elements (rows innermost). `op` and `name`
+// go into the error message if the driver refuses the encoding.
 CUtensorMap make_tensor_map_bshd(const char* op, const at::Tensor& t, const char* name,
-                                 uint32_t box_rows);
+                                 uint32_t box_rows, uint32_t box_heads = 1);
 
 }  // namespace dsv4

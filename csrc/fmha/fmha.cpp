@@ -118,6 +118,8 @@ std::tuple<at::Tensor, at::Tensor> fmha(const at::Tensor& q, const at::Tensor& k
                                    q.options().dtype(at::kFloat));
   if (fmha_sm90_covers(call)) {
     fmha_sm90(call, out, lse);
+  } else if (mqa512_sm90_covers(call)) {
+    mqa512_sm90(call, out, lse);
   } else {
     fmha_reference(call, out, lse);
   }
@@ -130,12 +132,16 @@ std::string fmha_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const std::optional<at::Tensor>& cu_seqlens_k) {
   const FmhaCall call = check_fmha_inputs(q, k, v, std::nullopt, causal, window_left, sinks,
                                           cu_seqlens_q, cu_seqlens_k, -1, -1);
-  return fmha_sm90_covers(call) ? "sm90" : "reference";
+  return fmha_sm90_covers(call) || mqa512_sm90_covers(call) ? "sm90" : "reference";
 }
 
 #ifndef DSV4_WITH_CUDA
 bool fmha_sm90_covers(const FmhaCall&) { return false; }
 void fmha_sm90(const FmhaCall&, at::Tensor&, at::Tensor&) {
+  TORCH_CHECK(false, "fmha: this build has no CUDA kernels");
+}
+bool mqa512_sm90_covers(const FmhaCall&) { return false; }
+void mqa512_sm90(const FmhaCall&, at::Tensor&, at::Tensor&) {
   TORCH_CHECK(false, "fmha: this build has no CUDA kernels");
 }
 #endif

@@ -38,9 +38,12 @@ void check_merge_inputs(const at::Tensor& out_a, const at::Tensor& lse_a,
 // Portable path: ATen ops in fp32, any device. Fills out (q's shape, Dv last) and lse (fp32).
 void fmha_reference(const FmhaCall& call, at::Tensor& out, at::Tensor& lse);
 
-// sm90 path (compiled only with DSV4_WITH_CUDA).
+// sm90 paths (compiled only with DSV4_WITH_CUDA): head_dim 64/128/256 (csrc/fmha), and
+// head_dim 512 with k and v one tensor, query heads packed per KV head (csrc/mqa512).
 bool fmha_sm90_covers(const FmhaCall& call);
 void fmha_sm90(const FmhaCall& call, at::Tensor& out, at::Tensor& lse);
+bool mqa512_sm90_covers(const FmhaCall& call);
+void mqa512_sm90(const FmhaCall& call, at::Tensor& out, at::Tensor& lse);
 
 // ---- ops (registered in torch_bindings.cpp)
 std::tuple<at::Tensor, at::Tensor> fmha(const at::Tensor& q, const at::Tensor& k,

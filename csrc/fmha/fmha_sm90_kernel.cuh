@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention/key_range.cuh"
 #include "fmha/fmha_sm90_params.h"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
@@ -91,26 +92,6 @@ struct FmhaSm90Traits {
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
-
-// Key tiles [first, end) that some row of the query tile starting at m0 can see, and the
-// geometry to decide which of them need element masking.
-struct KeyTiles {
-  int first, end;
-  int pos_lo, pos_hi;  // key positions of the tile's first and last valid query rows
-};
-
-__device__ __forceinline__ KeyTiles visible_key_tiles(const FmhaSm90Params& p, int m0,
-                                                      int block_m, int block_n) {
-  KeyTiles t;
-  const int shift = p.seqlen_k - p.seqlen_q;
-  t.pos_lo = m0 + shift;
-  t.pos_hi = min(m0 + block_m, p.seqlen_q) - 1 + shift;
-  const int key_lo = p.window_left >= 0 ? max(0, t.pos_lo - p.window_left) : 0;
-  const int key_hi = p.causal ? min(p.seqlen_k, t.pos_hi + 1) : p.seqlen_k;
-  t.first = key_lo / block_n;
-  t.end = key_hi > key_lo ? (key_hi + block_n - 1) / block_n : t.first;
-  return t;
-}
 
 // Work tile t -> (m_block, head, batch). Query tiles of one (batch, head) are consecutive, so
 // CTAs running at the same time share that head's K/V in L2; within a head the last query tile
@@ -166,7 +147,8 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
         const WorkTile w = decode_tile(p, work);
         const int m0 = w.m_block * kBlockM, kv_head = w.head / p.group;
-        const KeyTiles tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
+        const KeyTiles tiles = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal, p.window_left,
+                                                  m0, kBlockM, kBlockN);
         const int num_tiles = tiles.end - tiles.first;
         if (num_tiles == 0) continue;  // consumers write the empty rows without loads
         // Q is released once the consumers' last QK^T of the previous work tile has landed,
@@ -245,10 +227,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   // exponentials (log2 domain; the scale folds into one FMA) and sets the per-row factor that
   // O must be multiplied by once the previous PV has landed.
   auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2]) {
-    const bool needs_mask = n0 + kBlockN > p.seqlen_k ||
-                            (p.causal && n0 + kBlockN - 1 > tiles.pos_lo) ||
-                            (p.window_left >= 0 && n0 < tiles.pos_hi - p.window_left);
-    if (needs_mask) {
+    if (key_tile_needs_mask(tiles, n0, kBlockN, p.seqlen_k, p.causal, p.window_left)) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int pos = row0 + 8 * i + p.seqlen_k - p.seqlen_q;
@@ -257,9 +236,9 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int key = n0 + 8 * j + col_lane + c;
-            const bool visible = key < p.seqlen_k && (!p.causal || key <= pos) &&
-                                 (p.window_left < 0 || key >= pos - p.window_left);
-            if (!visible) sacc[4 * j + 2 * i + c] = neg_inf;
+            if (!key_visible(key, pos, p.seqlen_k, p.causal, p.window_left)) {
+              sacc[4 * j + 2 * i + c] = neg_inf;
+            }
           }
         }
       }
@@ -325,7 +304,8 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
     const WorkTile w = decode_tile(p, work);
     const int head = w.head, batch = w.batch, m0 = w.m_block * kBlockM;
-    tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
+    tiles = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, m0, kBlockM,
+                              kBlockN);
     const int num_tiles = tiles.end - tiles.first;
     row0 = m0 + wg * 64 + warp * 16 + lane / 4;
 #pragma unroll

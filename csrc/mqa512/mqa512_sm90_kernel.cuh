@@ -1,0 +1,378 @@
+// sm90a attention at head_dim 512 with one KV tensor read as both K and V (DeepSeek-V4's
+// shared-KV MQA, and GQA), the query heads that share a KV head packed into the M dimension.
+//
+// Each CTA walks 64-row work tiles: tile_tokens tokens x tile_heads query heads of one KV head
+// (one token x 64 heads when there are 64 or more per KV head), so every key tile it loads
+// serves all 64 rows. Q's TMA box is (64 dims, tile_tokens, tile_heads), so the rows land
+// tokens innermost: row = head * tile_tokens + token.
+// Roles (128 threads per warpgroup):
+//   warpgroup 0, thread 0  producer: TMA loads of Q (once per work tile) and of the key tiles
+//                          (64 keys x 512) into a two-stage ring; each tile is read as K and V.
+//   warpgroups 1, 2        consumers. The 64 x 512 output is split by columns: warpgroup w
+//                          owns O[:, 256w : 256w + 256]. Both need the whole S = Q K^T, so
+//                          each computes the partial product over its half of head_dim, they
+//                          swap partials through shared memory and add the other's: both then
+//                          hold the same S and run the same online softmax (bitwise equal:
+//                          fp32 addition commutes). O_w += P V[:, 256w : 256w + 256] takes P
+//                          from registers. QK^T of tile j is issued together with PV of tile
+//                          j-1, so the swap and the softmax overlap the PV wgmma.
+// Shared memory: Q [8][64 rows][64], the key ring [2][8][64 keys][64], each [64][64] block one
+// TMA box with the 128-byte swizzle that wgmma reads; the partial-S swap [2][32][128] fp32.
+//
+// Barrier protocol (phase bits flip once per pass over the ring):
+//   q_full        producer arrive.expect_tx(64 KB) + TMA          -> consumers wait
+//   q_empty       every consumer thread after its last QK^T       -> producer, before next Q
+//   kv_full[s]    producer arrive.expect_tx(64 KB) + 8 TMA boxes  -> consumers, before QK^T
+//   kv_empty[s]   every consumer thread after its PV of the tile  -> producer, before reuse
+//   named barrier 1  both consumer warpgroups stored their partial S; read the other's after it
+//   named barrier 2  both read the previous swap; store the next partial after it
+// Masking: key tiles no row can see are never loaded; only boundary tiles are masked, per
+// element, from each row's token position (csrc/attention/key_range.cuh). Rows that see
+// nothing end with out = 0 and lse = -inf, or the sink-only value with a sink.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "attention/key_range.cuh"
+#include "mqa512/mqa512_sm90_params.h"
+#include "ptx/math.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace dsv4 {
+
+template <typename Element>
+struct Mqa512Sm90Traits {
+  static constexpr int kHeadDim = 512;
+  static constexpr int kBlockM = 64;   // packed rows per work tile
+  static constexpr int kBlockN = 64;   // keys per tile
+  static constexpr int kStages = 2;
+  static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle atoms along head_dim
+  static constexpr int kHalfBlocks = kColBlocks / 2;  // each consumer's half of head_dim
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register budget");
+
+  struct alignas(1024) SharedStorage {
+    Element q[kColBlocks][kBlockM][64];
+    Element kv[kStages][kColBlocks][kBlockN][64];
+    float partial_s[2][kBlockN / 2][128];  // [warpgroup][accumulator register][thread]
+    uint64_t q_full, q_empty;
+    uint64_t kv_full[kStages], kv_empty[kStages];
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
+};
+
+// Work tile t -> its tokens, heads and KV head. The query tiles of one (batch, KV head, head
+// block) are consecutive, so CTAs running together share that KV head's keys in L2; the last
+// query tile (the most keys under a causal mask) comes first.
+struct Mqa512WorkTile {
+  int tok0, head0, kv_head, batch;
+};
+
+__device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Params& p, int t) {
+  const int m_block = p.num_m_blocks - 1 - t % p.num_m_blocks;
+  int rest = t / p.num_m_blocks;
+  const int head_block = rest % p.head_blocks;
+  rest /= p.head_blocks;
+  const int kv_head = rest % p.heads_kv;
+  return {m_block * p.tile_tokens, kv_head * p.group + head_block * p.tile_heads, kv_head,
+          rest / p.heads_kv};
+}
+
+template <typename Element>
+__global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
+    mqa512_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
+                       const __grid_constant__ CUtensorMap tmap_kv, const Mqa512Sm90Params p) {
+  using T = Mqa512Sm90Traits<Element>;
+  constexpr int kBlockN = T::kBlockN, kStages = T::kStages, kColBlocks = T::kColBlocks;
+  constexpr int kHalf = T::kHalfBlocks;
+  const float neg_inf = __int_as_float(0xff800000);
+
+  extern __shared__ uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<typename T::SharedStorage*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int num_work = p.num_m_blocks * p.head_blocks * p.heads_kv * p.batch;
+  const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(q_full, 1);
+    ptx::mbarrier_init(q_empty, T::kConsumerThreads);
+    for (int i = 0; i < kStages; ++i) {
+      ptx::mbarrier_init(ptx::smem_addr(&s.kv_full[i]), 1);
+      ptx::mbarrier_init(ptx::smem_addr(&s.kv_empty[i]), T::kConsumerThreads);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    // ------------------------------------------------------------------ producer
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      ptx::tma_prefetch_descriptor(&tmap_q);
+      ptx::tma_prefetch_descriptor(&tmap_kv);
+      int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
+      for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
+        const Mqa512WorkTile w = mqa512_decode_tile(p, work);
+        const KeyTiles tiles = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal,
+                                                 p.window_left, w.tok0, p.tile_tokens, kBlockN);
+        const int num_tiles = tiles.end - tiles.first;
+        if (num_tiles == 0) continue;  // the consumers write the empty rows without loads
+        ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
+        ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
+        for (int cb = 0; cb < kColBlocks; ++cb) {  // box (64 dims, tile_tokens, tile_heads)
+          ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64, w.tok0,
+                           w.head0, w.batch);
+        }
+        ++q_round;
+        for (int it = 0; it < num_tiles; ++it, ++kv_iter) {
+          const int stage = kv_iter % kStages;
+          const uint32_t phase = (kv_iter / kStages) & 1;
+          const uint32_t full = ptx::smem_addr(&s.kv_full[stage]);
+          ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage]), phase ^ 1);
+          ptx::mbarrier_arrive_expect_tx(full, T::kTileBytes);
+          for (int cb = 0; cb < kColBlocks; ++cb) {
+            ptx::tma_load_4d(ptx::smem_addr(&s.kv[stage][cb][0][0]), &tmap_kv, full, cb * 64,
+                             (tiles.first + it) * kBlockN, w.kv_head, w.batch);
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------- consumers
+  ptx::setmaxnreg_inc<T::kConsumerRegs>();
+  const int wg = warpgroup - 1;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  // Accumulator fragment: this thread holds rows r and r + 8 (r = 16 warp + lane / 4) and in
+  // each 8-column group j the columns 8j + 2 (lane % 4) + {0, 1}:
+  //   acc[4j + 2i + c] = (row r + 8i, col 8j + 2 (lane % 4) + c).
+  // Both consumer warpgroups cover all 64 rows with the same fragment layout.
+  const int col_lane = 2 * (lane % 4);
+  const int frag_row = warp * 16 + lane / 4;
+  KeyTiles tiles{};
+  int tok0 = 0;
+
+  float o[128];      // this warpgroup's 256 columns of O
+  float row_max[2];  // running max of scale * log2(e) * s
+  float row_sum[2];  // this thread's partial sum of 2^(x - row_max)
+
+  const uint32_t q_base = ptx::smem_addr(&s.q[wg * kHalf][0][0]);
+
+  // This warpgroup's half of S = Q K^T for the tile in `stage` (issued, not waited on).
+  auto issue_qk = [&](float (&sacc)[kBlockN / 2], int stage) {
+    const uint32_t k_base = ptx::smem_addr(&s.kv[stage][wg * kHalf][0][0]);
+#pragma unroll
+    for (int cb = 0; cb < kHalf; ++cb) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
+        const uint64_t da = ptx::smem_desc_sw128(q_base + cb * T::kBlockM * 128 + kk * 32, 0, 1024);
+        const uint64_t db = ptx::smem_desc_sw128(k_base + cb * kBlockN * 128 + kk * 32, 0, 1024);
+        ptx::WgmmaSS<kBlockN, Element>::run(sacc, da, db, (cb | kk) != 0);
+      }
+    }
+  };
+  // O_w += P V_w for the tile in `stage`: the same tile read MN-major (head_dim contiguous),
+  // this warpgroup's 256 columns (four 64-column blocks, kBlockN * 128 bytes apart).
+  auto issue_pv = [&](const uint32_t (&pfrag)[kBlockN / 16][4], int stage) {
+    const uint32_t v_base = ptx::smem_addr(&s.kv[stage][wg * kHalf][0][0]);
+#pragma unroll
+    for (int t = 0; t < kBlockN / 16; ++t) {
+      const uint64_t db = ptx::smem_desc_sw128(v_base + t * 16 * 128, kBlockN * 128, 1024);
+      ptx::WgmmaRS<256, Element, 1>::run(o, pfrag[t], db, 1);
+    }
+  };
+  // Swap the partial S with the other warpgroup and add its half: afterwards both hold S.
+  int swaps = 0;
+  auto complete_s = [&](float (&sacc)[kBlockN / 2]) {
+    if (swaps++ > 0) ptx::named_barrier_sync(2, T::kConsumerThreads);  // the last swap was read
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) s.partial_s[wg][i][tid] = sacc[i];
+    ptx::named_barrier_sync(1, T::kConsumerThreads);
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) sacc[i] += s.partial_s[1 - wg][i][tid];
+  };
+  // Mask (boundary tiles only), exponentiate in the log2 domain, and set the factor O must be
+  // multiplied by once the previous PV has landed.
+  auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2]) {
+    if (key_tile_needs_mask(tiles, n0, kBlockN, p.seqlen_k, p.causal, p.window_left)) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int pos = tok0 + (frag_row + 8 * i) % p.tile_tokens + p.seqlen_k - p.seqlen_q;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            if (!key_visible(n0 + 8 * j + col_lane + c, pos, p.seqlen_k, p.causal,
+                             p.window_left)) {
+              sacc[4 * j + 2 * i + c] = neg_inf;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = neg_inf;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const float new_max = fmaxf(row_max[i], mx * p.scale_log2);
+      const float base = new_max == neg_inf ? 0.f : new_max;  // a row with nothing visible yet
+      correction[i] = ptx::exp2_approx(row_max[i] - base);
+      row_max[i] = new_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float e = ptx::exp2_approx(fmaf(sacc[4 * j + 2 * i + c], p.scale_log2, -base));
+          sacc[4 * j + 2 * i + c] = e;
+          sum += e;
+        }
+      }
+      row_sum[i] = row_sum[i] * correction[i] + sum;
+    }
+  };
+  auto to_a_fragment = [&](const float (&sacc)[kBlockN / 2], uint32_t (&pfrag)[kBlockN / 16][4]) {
+#pragma unroll
+    for (int t = 0; t < kBlockN / 16; ++t) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pfrag[t][r] = ptx::pack2<Element>(sacc[8 * t + 2 * r], sacc[8 * t + 2 * r + 1]);
+    }
+  };
+  auto rescale_o = [&](const float (&correction)[2]) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        o[4 * j + 2 * i] *= correction[i];
+        o[4 * j + 2 * i + 1] *= correction[i];
+      }
+    }
+  };
+
+  int kv_iter = 0, q_round = 0;  // as in the producer
+  for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
+    const Mqa512WorkTile w = mqa512_decode_tile(p, work);
+    tok0 = w.tok0;
+    tiles = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, w.tok0,
+                              p.tile_tokens, kBlockN);
+    const int num_tiles = tiles.end - tiles.first;
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    row_max[0] = row_max[1] = neg_inf;
+    row_sum[0] = row_sum[1] = 0.f;
+
+    if (num_tiles > 0) {
+      ptx::mbarrier_wait(q_full, q_round & 1);
+      float sacc[kBlockN / 2];
+      uint32_t pfrag[kBlockN / 16][4];
+      float correction[2];
+
+      const int first = kv_iter % kStages;
+      ptx::mbarrier_wait(ptx::smem_addr(&s.kv_full[first]), (kv_iter / kStages) & 1);
+      ptx::wgmma_fence();
+      issue_qk(sacc, first);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
+      if (num_tiles == 1) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
+      complete_s(sacc);
+      softmax(sacc, tiles.first * kBlockN, correction);  // O is still 0: no rescale
+      to_a_fragment(sacc, pfrag);
+
+      for (int it = 1; it < num_tiles; ++it) {
+        const int cur = kv_iter + it;
+        const int stage = cur % kStages, prev = (cur - 1) % kStages;
+        ptx::mbarrier_wait(ptx::smem_addr(&s.kv_full[stage]), (cur / kStages) & 1);
+        ptx::wgmma_fence();
+        issue_qk(sacc, stage);
+        ptx::wgmma_commit();
+        issue_pv(pfrag, prev);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<1>();  // this tile's partial S has landed; PV of the last may still run
+#pragma unroll
+        for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
+        if (it == num_tiles - 1) ptx::mbarrier_arrive(q_empty);  // last read of Q
+        complete_s(sacc);
+        softmax(sacc, (tiles.first + it) * kBlockN, correction);
+        ptx::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
+        ptx::mbarrier_arrive(ptx::smem_addr(&s.kv_empty[prev]));
+        rescale_o(correction);
+        to_a_fragment(sacc, pfrag);
+      }
+
+      const int last = (kv_iter + num_tiles - 1) % kStages;
+      ptx::wgmma_fence();
+      issue_pv(pfrag, last);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
+      ptx::mbarrier_arrive(ptx::smem_addr(&s.kv_empty[last]));
+      kv_iter += num_tiles;
+      ++q_round;
+    }
+
+    // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse
+    constexpr float kLn2 = 0.6931471805599453f;
+    constexpr float kLog2e = 1.4426950408889634f;
+    Element* out = static_cast<Element*>(p.out);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = frag_row + 8 * i;
+      const int token = tok0 + row % p.tile_tokens, head = w.head0 + row / p.tile_tokens;
+      float sum = row_sum[i];
+      sum += __shfl_xor_sync(0xffffffff, sum, 1);
+      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      const float m = row_max[i];
+      float inv = 0.f, lse = neg_inf;
+      if (p.sinks != nullptr) {
+        const float sink_log2 = p.sinks[head] * kLog2e;
+        const float m_all = fmaxf(m, sink_log2);
+        const float keep = ptx::exp2_approx(m - m_all);  // 0 when nothing was visible
+        sum = sum * keep + ptx::exp2_approx(sink_log2 - m_all);
+        inv = keep / sum;
+        lse = (m_all + __log2f(sum)) * kLn2;
+      } else if (sum > 0.f) {
+        inv = 1.f / sum;
+        lse = (m + __log2f(sum)) * kLn2;
+      }
+      if (token < p.seqlen_q) {
+        const size_t row_offset =
+            ((static_cast<size_t>(w.batch) * p.seqlen_q + token) * p.heads_q + head) * T::kHeadDim +
+            wg * 256;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const uint32_t packed = ptx::pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+          *reinterpret_cast<uint32_t*>(out + row_offset + 8 * j + col_lane) = packed;
+        }
+        if (wg == 0 && lane % 4 == 0) {
+          p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head) * p.seqlen_q + token] = lse;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace dsv4

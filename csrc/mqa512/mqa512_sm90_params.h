@@ -1,0 +1,23 @@
+// Plain parameters of the sm90 head_dim-512 shared-KV kernel (no torch types; shared by the
+// launcher and the kernel).
+#pragma once
+
+namespace dsv4 {
+
+struct Mqa512Sm90Params {
+  void* out;           // (B, Sq, Hq, 512), contiguous, q's dtype
+  float* lse;          // (B, Hq, Sq), contiguous
+  const float* sinks;  // (Hq,) or nullptr
+  int batch, seqlen_q, seqlen_k;
+  int heads_q, heads_kv;
+  int group;           // Hq / Hkv: query head h reads KV head h / group
+  // A 64-row tile packs tile_tokens tokens x tile_heads query heads of one KV head
+  // (row = head * tile_tokens + token); head_blocks tiles cover a group's heads.
+  int tile_tokens, tile_heads, head_blocks;
+  int num_m_blocks;    // ceil(Sq / tile_tokens)
+  float scale_log2;    // scale * log2(e), > 0
+  int causal;          // bottom-right aligned
+  int window_left;     // < 0: no window
+};
+
+}  // namespace dsv4

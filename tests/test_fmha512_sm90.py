@@ -1,0 +1,87 @@
+"""GPU tests of the sm90 head_dim-512 shared-KV kernel (csrc/mqa512) behind fmha: k and v are
+one tensor, the query heads of a KV head are packed into 64-row tiles.
+
+Same rule as test_fmha_sm90: max |ours - f64| <= 2 x max |SDPA-in-bf16 - f64| + 1e-3, on out
+and lse, with poisoned outputs. Hq 1/8/64/128 over one KV head and GQA groups of 8 and 64;
+Sq 1 (decode) to 1000 against Sk up to 1500; causal or not, windows 0/1/127/128, sinks.
+"""
+import math
+
+import pytest
+import torch
+
+import dsv4_attn
+
+from test_fmha_sm90 import check_case, make_inputs, needs_sm90, oracle
+
+pytestmark = [pytest.mark.gpu, needs_sm90]
+
+D = 512
+
+
+def _cases():
+    cases = []
+    for hq, hkv in ((1, 1), (8, 1), (64, 1), (128, 1), (16, 2), (128, 2)):
+        for sq, sk in ((1, 1), (1, 1500), (2, 700), (3, 130), (64, 64), (65, 300), (1000, 1000)):
+            b = 2 if sq * hq <= 4096 else 1
+            cases.append((b, sq, sk, hq, hkv, True, 127, True))
+        cases.append((1, 300, 300, hq, hkv, False, -1, False))
+    for window in (0, 1, 127, 128):
+        cases.append((1, 200, 400, 64, 1, True, window, window == 127))
+    cases.append((2, 150, 150, 8, 1, True, -1, False))
+    cases.append((1, 129, 129, 128, 1, False, 63, True))  # a window without causality
+    return cases
+
+
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,causal,window,sinks", _cases())
+def test_fmha512_matches_oracle(b, sq, sk, hq, hkv, causal, window, sinks):
+    check_case(b, sq, sk, hq, hkv, D, causal, window, sinks, layout="k_is_v",
+               seed=hash((b, sq, sk, hq, hkv, causal, window, sinks)) % (2 ** 31))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fmha512_fp16(causal):
+    check_case(2, 100, 300, 64, 1, D, causal, -1, True, dtype=torch.float16, layout="k_is_v",
+               seed=7 + causal)
+
+
+def test_fmha512_transposed_views_and_determinism():
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(2, 64, 90, D, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+    key = torch.randn(2, 1, 200, D, device="cuda", generator=gen).bfloat16()
+    kv = key.transpose(1, 2)  # (B, Sk, 1, D) view of a transformers (B, 1, T, D) key
+    sinks = torch.randn(64, device="cuda", generator=gen)
+    assert dsv4_attn.fmha_path(q, kv, kv, causal=True, window_left=127, sinks=sinks) == "sm90"
+    out, lse = dsv4_attn.fmha(q, kv, kv, causal=True, window_left=127, sinks=sinks, return_lse=True)
+    again = dsv4_attn.fmha(q, kv, kv, causal=True, window_left=127, sinks=sinks, return_lse=True)
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+    ref, _ = oracle(q, kv, kv, 1 / math.sqrt(D), True, 127, sinks)
+    assert (out.double() - ref).abs().max().item() < 2e-2
+
+
+def test_fmha512_uncovered_calls_take_reference_path():
+    q = torch.randn(1, 9, 3, D, device="cuda").bfloat16()  # 3 heads per KV head: no packing
+    kv = torch.randn(1, 9, 1, D, device="cuda").bfloat16()
+    assert dsv4_attn.fmha_path(q, kv, kv) == "reference"
+    q = torch.randn(1, 9, 8, D, device="cuda").bfloat16()
+    assert dsv4_attn.fmha_path(q, kv, kv.clone()) == "reference"  # k and v not one tensor
+
+
+def test_fmha512_cuda_graph_decode_step():
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = make_inputs(4, 1, 1000, 128, 1, D, torch.bfloat16, "k_is_v", gen)
+    sinks = torch.randn(128, generator=gen, device="cuda")
+    static_q, static_kv = q.clone(), k.clone()
+    dsv4_attn.fmha(static_q, static_kv, static_kv, causal=True, sinks=sinks)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = dsv4_attn.fmha(static_q, static_kv, static_kv, causal=True, sinks=sinks,
+                                  return_lse=True)
+    for _ in range(2):
+        fq, fk, _ = make_inputs(4, 1, 1000, 128, 1, D, torch.bfloat16, "k_is_v", gen)
+        static_q.copy_(fq)
+        static_kv.copy_(fk)
+        graph.replay()
+        want = dsv4_attn.fmha(fq, fk, fk, causal=True, sinks=sinks, return_lse=True)
+        assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
