@@ -84,6 +84,40 @@ def row_fmha(b, sq, sk, h, causal, ceil, device, dtype):
             f"{100 * frac:.0f}% {'copy' if decode else 'GEMM'}"]
 
 
+def row_layer(kind, b, s, h, ceil, device, dtype, decode=False):
+    """One dsv4_attention layer: window 128 and sinks; CSA adds K = 512 of a 4x compressed KV,
+    HCA every closed row of a 128x one. Prefill: Sq = Skv = s; decode: Sq = 1 over s tokens."""
+    sq = 1 if decode else s
+    q = common.randn((b, sq, h, D), dtype, device)
+    kv = common.randn((b, s, D), dtype, device)
+    kw = dict(sinks=torch.randn(h, device=device), window=128)
+    ratio = {"sliding": 0, "CSA": 4, "HCA": 128}[kind]
+    sc = s // ratio if ratio else 0
+    if ratio:
+        kw.update(compressed_kv=common.randn((b, sc, D), dtype, device), compress_ratio=ratio)
+    if kind == "CSA":
+        kw["topk_indices"] = torch.stack([torch.randperm(sc, device=device)[:512]
+                                          for _ in range(b * sq)]).view(b, sq, 512).int()
+    path = dsv4_attn.dsv4_attention_path(q, kv, **kw)
+    ms = common.bench_ms(lambda: dsv4_attn.dsv4_attention(q, kv, **kw), cuda_graph=True)
+    # Keys each query sees: the window, plus the closed compressed rows (HCA) or K (CSA).
+    t = torch.arange(s - sq, s, device=device, dtype=torch.float64)
+    keys = torch.clamp(t + 1, max=128)
+    if kind == "HCA":
+        keys = keys + torch.clamp(torch.div(t + 1, ratio, rounding_mode="floor"), max=sc)
+    elif kind == "CSA":
+        keys = keys + torch.clamp(torch.div(t + 1, ratio, rounding_mode="floor"), max=512)
+    flops = 4.0 * b * h * D * keys.sum().item()
+    gathered = b * (min(s, 128 + sq - 1) + (sc if kind == "HCA" else 0) +
+                    (512 * sq if kind == "CSA" else 0))
+    nbytes = (2 * b * sq * h * D + gathered * D) * q.element_size() + 4 * b * h * sq
+    floor_ms = max(flops / (ceil["gemm"] * 1e12), nbytes / (ceil["copy"] * 1e9)) * 1e3
+    bound = "GEMM" if flops / ceil["gemm"] / 1e12 > nbytes / ceil["copy"] / 1e9 else "bytes"
+    name = f"dsv4_attention {kind} {'decode' if decode else 'prefill'} B={b} S={s} Hq={h}"
+    return [name, path, f"{ms:.3f}", "n/a", f"{flops / ms / 1e9:.0f} TFLOP/s",
+            f"floor {floor_ms:.3f} ms ({bound})", "-", f"{floor_ms / ms * 100:.0f}% of floor"]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -104,6 +138,13 @@ def main(argv=None):
     if args.quick:
         shapes = [(1, 4096, 4096, 64, True), (64, 1, 4096, 128, True)]
     rows = [row_fmha(b, sq, sk, h, causal, ceil, device, dtype) for b, sq, sk, h, causal in shapes]
+    layers = [("sliding", 1, 8192, 128, False), ("CSA", 1, 8192, 64, False),
+              ("HCA", 1, 8192, 128, False), ("CSA", 64, 4096, 128, True),
+              ("sliding", 64, 4096, 128, True), ("HCA", 64, 4096, 128, True)]
+    if args.quick:
+        layers = layers[:1]
+    rows += [row_layer(kind, b, s, h, ceil, device, dtype, decode)
+             for kind, b, s, h, decode in layers]
     headers = ["row", "path", "ours ms", "FA3 ms", "ours", "FA3", "speedup vs FA3",
                "ours / ceiling"]
     print(header)

@@ -31,3 +31,14 @@ for b, sq, sk, hq, window in ((2, 70, 200, 16, 63), (1, 2, 300, 128, -1)):
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: head_dim 512 sm90 path ran, outputs finite")
+
+# dsv4_attention on the same kernel: a window and the closed rows of an HCA compressed KV.
+q = torch.randn(1, 70, 64, 512, device="cuda", dtype=torch.bfloat16)
+kv = torch.randn(1, 300, 512, device="cuda", dtype=torch.bfloat16)
+comp = torch.randn(1, 75, 512, device="cuda", dtype=torch.bfloat16)
+kw = dict(sinks=torch.randn(64, device="cuda"), compressed_kv=comp, compress_ratio=4)
+assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "sm90"
+out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
+torch.cuda.synchronize()
+assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: dsv4_attention sm90 path ran, outputs finite")

@@ -156,7 +156,10 @@ def test_empty_inputs(gen, device):
 
 def test_path_is_reported(gen, device):
     q, kv = randn(gen, 1, 4, 8, 512, device=device), randn(gen, 1, 4, 512, device=device)
-    assert ops.dsv4_attention_path(q, kv, window=128) == "reference"
+    hopper = device.type == "cuda" and torch.cuda.get_device_capability() == (9, 0)
+    assert ops.dsv4_attention_path(q, kv, window=128) == ("sm90" if hopper else "reference")
+    q = randn(gen, 1, 4, 8, 64, device=device)  # head_dim 64: no kernel
+    assert ops.dsv4_attention_path(q, kv[..., :64].contiguous(), window=128) == "reference"
 
 
 # ----------------------------------------------------------------------------- other paths

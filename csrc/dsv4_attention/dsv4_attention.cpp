@@ -1,5 +1,5 @@
-// dsv4_attention launcher: validate every input, then run the portable reference path (the
-// sm90 kernel for head_dim 512 is a separate piece of work).
+// dsv4_attention launcher: validate every input, then run the sm90 kernel when it covers the
+// call and the portable reference path otherwise.
 #include "dsv4_attention/dsv4_attention.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -186,7 +186,11 @@ std::tuple<at::Tensor, at::Tensor> dsv4_attention(
                        ? at::empty({call.heads, q.size(0)}, q.options().dtype(at::kFloat))
                        : at::empty({call.batch, call.heads, call.seqlen_q},
                                    q.options().dtype(at::kFloat));
-  dsv4_attention_reference(call, out, lse);
+  if (mqa512_sm90_covers(call)) {
+    mqa512_sm90(call, out, lse);
+  } else {
+    dsv4_attention_reference(call, out, lse);
+  }
   return {out, lse};
 }
 
@@ -197,10 +201,17 @@ std::string dsv4_attention_path(
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
     const std::optional<at::Tensor>& cu_seqlens_compressed, int64_t max_seqlen_q,
     int64_t max_seqlen_kv) {
-  check_dsv4_inputs(q, kv, sinks, window, compressed_kv, compress_ratio, topk_indices, scale,
-                    cu_seqlens_q, cu_seqlens_kv, cu_seqlens_compressed, max_seqlen_q,
-                    max_seqlen_kv);
-  return "reference";
+  const Dsv4Call call = check_dsv4_inputs(q, kv, sinks, window, compressed_kv, compress_ratio,
+                                          topk_indices, scale, cu_seqlens_q, cu_seqlens_kv,
+                                          cu_seqlens_compressed, max_seqlen_q, max_seqlen_kv);
+  return mqa512_sm90_covers(call) ? "sm90" : "reference";
 }
+
+#ifndef DSV4_WITH_CUDA
+bool mqa512_sm90_covers(const Dsv4Call&) { return false; }
+void mqa512_sm90(const Dsv4Call&, at::Tensor&, at::Tensor&) {
+  TORCH_CHECK(false, "dsv4_attention: this build has no CUDA kernels");
+}
+#endif
 
 }  // namespace dsv4

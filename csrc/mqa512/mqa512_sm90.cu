@@ -1,80 +1,149 @@
-// Host side of the sm90 head_dim-512 shared-KV kernel for fmha: which calls it covers, the
-// query-head packing, tensor maps from the tensors' real strides, and the launch.
+// Host side of the sm90 head_dim-512 shared-KV kernel: which fmha and dsv4_attention calls it
+// covers, the query-head packing, tensor maps from the tensors' real strides, and the launch.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
 #include <limits>
 
 #include "common/sm90_host.h"
+#include "dsv4_attention/dsv4_attention.h"
 #include "fmha/fmha.h"
 #include "mqa512/mqa512_sm90_kernel.cuh"
 
 namespace dsv4 {
 namespace {
 
+constexpr int kRows = 64;  // Mqa512Sm90Traits::kBlockM, for either element type
+
+// What both ops share: a dense call, q (B, Sq, Hq, 512), one KV head per `group` query heads.
+struct Mqa512Shape {
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+};
+
+bool covers_shape(const at::Tensor& q, const Mqa512Shape& s, int64_t head_dim, double scale) {
+  if (!q.is_cuda() || sm90_disabled_by_env()) return false;
+  if (!device_info(q.get_device()).is_sm90) return false;
+  if (head_dim != 512 || !(scale > 0.0)) return false;  // the max is taken before scaling
+  if (s.batch < 1 || s.seqlen_q < 1 || s.seqlen_k < 1 || s.heads_q < 1) return false;
+  // The query heads of a KV head pack into 64-row tiles: 64 / group tokens, or group / 64 tiles.
+  const int64_t group = s.heads_q / s.heads_kv;
+  if (group % kRows != 0 && kRows % group != 0) return false;
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  const int64_t tile_tokens = kRows / std::min<int64_t>(group, kRows);
+  const int64_t num_work = ((s.seqlen_q + tile_tokens - 1) / tile_tokens) *
+                           std::max<int64_t>(group / kRows, 1) * s.heads_kv * s.batch;
+  return num_work <= kMaxInt && s.seqlen_k <= kMaxInt - s.seqlen_q;
+}
+
+Mqa512Sm90Params make_params(const Mqa512Shape& s, double scale, at::Tensor& out,
+                             at::Tensor& lse, const std::optional<at::Tensor>& sinks) {
+  const int group = static_cast<int>(s.heads_q / s.heads_kv);
+  Mqa512Sm90Params p{};
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.sinks = sinks ? sinks->data_ptr<float>() : nullptr;
+  p.batch = static_cast<int>(s.batch);
+  p.seqlen_q = static_cast<int>(s.seqlen_q);
+  p.seqlen_k = static_cast<int>(s.seqlen_k);
+  p.heads_q = static_cast<int>(s.heads_q);
+  p.heads_kv = static_cast<int>(s.heads_kv);
+  p.group = group;
+  p.tile_heads = std::min(group, kRows);
+  p.tile_tokens = kRows / p.tile_heads;
+  p.head_blocks = group / p.tile_heads;
+  p.num_m_blocks = static_cast<int>((s.seqlen_q + p.tile_tokens - 1) / p.tile_tokens);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.use_kv = 1;
+  p.causal = 0;
+  p.window_left = -1;
+  p.compress_ratio = 0;
+  p.seqlen_c = 0;
+  return p;
+}
+
 template <typename Element>
-void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
+void launch(const char* op, const Mqa512Sm90Params& p, const at::Tensor& q, const at::Tensor& kv,
+            const at::Tensor& compressed) {
   using T = Mqa512Sm90Traits<Element>;
+  static_assert(T::kBlockM == kRows, "packing assumes 64-row tiles");
   auto kernel = mqa512_sm90_kernel<Element>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(T::kSmemBytes)));
-  const int group = static_cast<int>(c.heads_q / c.heads_kv);
-  const int tile_heads = std::min(group, T::kBlockM);
-  const int tile_tokens = T::kBlockM / tile_heads;
-  const CUtensorMap tq = make_tensor_map_bshd("fmha", c.q, "q", tile_tokens, tile_heads);
-  const CUtensorMap tkv = make_tensor_map_bshd("fmha", c.k, "k (= v)", T::kBlockN);
-
-  Mqa512Sm90Params p;
-  p.out = out.data_ptr();
-  p.lse = lse.data_ptr<float>();
-  p.sinks = c.sinks ? c.sinks->data_ptr<float>() : nullptr;
-  p.batch = static_cast<int>(c.batch);
-  p.seqlen_q = static_cast<int>(c.seqlen_q);
-  p.seqlen_k = static_cast<int>(c.seqlen_k);
-  p.heads_q = static_cast<int>(c.heads_q);
-  p.heads_kv = static_cast<int>(c.heads_kv);
-  p.group = group;
-  p.tile_tokens = tile_tokens;
-  p.tile_heads = tile_heads;
-  p.head_blocks = group / tile_heads;
-  p.num_m_blocks = static_cast<int>((c.seqlen_q + tile_tokens - 1) / tile_tokens);
-  p.scale_log2 = static_cast<float>(c.scale * 1.4426950408889634);
-  p.causal = c.causal ? 1 : 0;
-  p.window_left = static_cast<int>(c.window_left);
-
-  const int64_t num_work = int64_t(p.num_m_blocks) * p.head_blocks * c.heads_kv * c.batch;
+  const CUtensorMap tq = make_tensor_map_bshd(op, q, "q", p.tile_tokens, p.tile_heads);
+  const CUtensorMap tkv = make_tensor_map_bshd(op, kv, "kv", T::kBlockN);
+  const CUtensorMap tc = compressed.defined()
+                             ? make_tensor_map_bshd(op, compressed, "compressed_kv", T::kBlockN)
+                             : tkv;  // not read without compressed rows
+  const int64_t num_work = int64_t(p.num_m_blocks) * p.head_blocks * p.heads_kv * p.batch;
   kernel<<<static_cast<unsigned>(num_work), T::kThreads, T::kSmemBytes,
-           at::cuda::getCurrentCUDAStream()>>>(tq, tkv, p);
+           at::cuda::getCurrentCUDAStream()>>>(tq, tkv, tc, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void dispatch(const char* op, const Mqa512Sm90Params& p, const at::Tensor& q, const at::Tensor& kv,
+              const at::Tensor& compressed) {
+  if (q.scalar_type() == at::kBFloat16) {
+    launch<__nv_bfloat16>(op, p, q, kv, compressed);
+  } else {
+    launch<__half>(op, p, q, kv, compressed);
+  }
+}
+
+Mqa512Shape shape_of(const FmhaCall& c) {
+  return {c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv};
+}
+
+// dsv4_attention's kv (B, Skv, D) and compressed_kv (B, Sc, D) as (B, S, 1, D) views.
+at::Tensor one_head(const at::Tensor& t) { return t.unsqueeze(2); }
+
+Mqa512Shape shape_of(const Dsv4Call& c) {
+  return {c.batch, c.seqlen_q, c.seqlen_kv, c.heads, 1};
 }
 
 }  // namespace
 
+// ---- fmha: D = Dv = 512, k and v one tensor (the same memory with the same geometry).
 bool mqa512_sm90_covers(const FmhaCall& c) {
-  if (!c.q.is_cuda() || c.varlen || sm90_disabled_by_env()) return false;
-  if (!device_info(c.q.get_device()).is_sm90) return false;
-  if (c.head_dim != 512 || c.head_dim_v != 512) return false;
-  // One tensor read as K and V: the same memory with the same geometry.
+  if (c.varlen || c.head_dim_v != 512) return false;
   if (c.k.data_ptr() != c.v.data_ptr() || c.k.sizes() != c.v.sizes() ||
       c.k.strides() != c.v.strides()) {
     return false;
   }
-  if (!(c.scale > 0.0)) return false;  // the softmax max is taken before scaling
-  if (c.batch < 1 || c.seqlen_q < 1 || c.seqlen_k < 1 || c.heads_q < 1) return false;
-  // Query heads per KV head pack into 64-row tiles: 64 / group tokens, or group / 64 tiles.
-  const int64_t group = c.heads_q / c.heads_kv;
-  if (group % 64 != 0 && 64 % group != 0) return false;
-  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
-  const int64_t tile_tokens = 64 / std::min<int64_t>(group, 64);
-  const int64_t num_work = ((c.seqlen_q + tile_tokens - 1) / tile_tokens) *
-                           std::max<int64_t>(group / 64, 1) * c.heads_kv * c.batch;
-  if (num_work > kMaxInt || c.seqlen_k > kMaxInt - c.seqlen_q) return false;
-  return tma_compatible(c.q) && tma_compatible(c.k);
+  return covers_shape(c.q, shape_of(c), c.head_dim, c.scale) && tma_compatible(c.q) &&
+         tma_compatible(c.k);
 }
 
 void mqa512_sm90(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
-  return c.q.scalar_type() == at::kBFloat16 ? launch<__nv_bfloat16>(c, out, lse)
-                                             : launch<__half>(c, out, lse);
+  Mqa512Sm90Params p = make_params(shape_of(c), c.scale, out, lse, c.sinks);
+  p.causal = c.causal ? 1 : 0;
+  p.window_left = static_cast<int>(c.window_left);
+  dispatch("fmha", p, c.q, c.k, at::Tensor());
+}
+
+// ---- dsv4_attention: dense sliding-only and HCA layers (CSA's gather is not in the kernel).
+bool mqa512_sm90_covers(const Dsv4Call& c) {
+  if (c.varlen || c.topk_indices.has_value()) return false;
+  if (c.q.scalar_type() != at::kBFloat16 && c.q.scalar_type() != at::kHalf) return false;
+  if (!covers_shape(c.q, shape_of(c), c.head_dim, c.scale)) return false;
+  if (!tma_compatible(c.q) || !tma_compatible(one_head(c.kv))) return false;
+  if (c.compressed_kv && c.seqlen_compressed > 0 && !tma_compatible(one_head(*c.compressed_kv))) {
+    return false;
+  }
+  return true;
+}
+
+void mqa512_sm90(const Dsv4Call& c, at::Tensor& out, at::Tensor& lse) {
+  Mqa512Sm90Params p = make_params(shape_of(c), c.scale, out, lse, c.sinks);
+  // The window W: kv rows t - W < j <= t, fmha's causal mask with window_left W - 1.
+  p.use_kv = c.window > 0 ? 1 : 0;
+  p.causal = 1;
+  p.window_left = static_cast<int>(std::max<int64_t>(c.window - 1, 0));
+  const bool has_c = c.compressed_kv && c.seqlen_compressed > 0;
+  if (has_c) {
+    p.compress_ratio = static_cast<int>(c.compress_ratio);
+    p.seqlen_c = static_cast<int>(c.seqlen_compressed);
+  }
+  dispatch("dsv4_attention", p, c.q, one_head(c.kv), has_c ? one_head(*c.compressed_kv) : at::Tensor());
 }
 
 }  // namespace dsv4

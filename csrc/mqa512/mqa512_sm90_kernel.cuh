@@ -26,6 +26,9 @@
 //   kv_empty[s]   every consumer thread after its PV of the tile  -> producer, before reuse
 //   named barrier 1  both consumer warpgroups stored their partial S; read the other's after it
 //   named barrier 2  both read the previous swap; store the next partial after it
+// Keys come in two segments, walked as one sequence of tiles in one online softmax: the rows
+// of kv (fmha's visibility: causal, window) and, for dsv4_attention's HCA layers, the closed
+// rows of compressed_kv (row w is closed for position t iff w < min(Sc, (t + 1) / r)).
 // Masking: key tiles no row can see are never loaded; only boundary tiles are masked, per
 // element, from each row's token position (csrc/attention/key_range.cuh). Rows that see
 // nothing end with out = 0 and lse = -inf, or the sink-only value with a sink.
@@ -90,10 +93,32 @@ __device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Par
           rest / p.heads_kv};
 }
 
+// The key tiles a work tile visits: kv tiles [kv.first, kv.first + num_kv), then compressed
+// tiles [0, num_c). Producer and consumers derive the same sequence.
+struct Mqa512KeySegments {
+  KeyTiles kv;
+  int num_kv, num_c;
+};
+
+__device__ __forceinline__ int mqa512_closed_rows(const Mqa512Sm90Params& p, int pos) {
+  return min(p.seqlen_c, max(pos + 1, 0) / p.compress_ratio);
+}
+
+__device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm90Params& p,
+                                                                 int tok0, int block_n) {
+  Mqa512KeySegments k;
+  k.kv = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, tok0, p.tile_tokens,
+                           block_n);
+  k.num_kv = p.use_kv ? k.kv.end - k.kv.first : 0;
+  k.num_c = p.compress_ratio > 0 ? (mqa512_closed_rows(p, k.kv.pos_hi) + block_n - 1) / block_n : 0;
+  return k;
+}
+
 template <typename Element>
 __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     mqa512_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
-                       const __grid_constant__ CUtensorMap tmap_kv, const Mqa512Sm90Params p) {
+                       const __grid_constant__ CUtensorMap tmap_kv,
+                       const __grid_constant__ CUtensorMap tmap_c, const Mqa512Sm90Params p) {
   using T = Mqa512Sm90Traits<Element>;
   constexpr int kBlockN = T::kBlockN, kStages = T::kStages, kColBlocks = T::kColBlocks;
   constexpr int kHalf = T::kHalfBlocks;
@@ -123,12 +148,12 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     if (threadIdx.x == 0) {
       ptx::tma_prefetch_descriptor(&tmap_q);
       ptx::tma_prefetch_descriptor(&tmap_kv);
+      if (p.compress_ratio > 0) ptx::tma_prefetch_descriptor(&tmap_c);
       int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
       for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
         const Mqa512WorkTile w = mqa512_decode_tile(p, work);
-        const KeyTiles tiles = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal,
-                                                 p.window_left, w.tok0, p.tile_tokens, kBlockN);
-        const int num_tiles = tiles.end - tiles.first;
+        const Mqa512KeySegments seg = mqa512_key_segments(p, w.tok0, kBlockN);
+        const int num_tiles = seg.num_kv + seg.num_c;
         if (num_tiles == 0) continue;  // the consumers write the empty rows without loads
         ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
         ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
@@ -143,9 +168,12 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           const uint32_t full = ptx::smem_addr(&s.kv_full[stage]);
           ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage]), phase ^ 1);
           ptx::mbarrier_arrive_expect_tx(full, T::kTileBytes);
+          const bool compressed = it >= seg.num_kv;
+          const CUtensorMap* map = compressed ? &tmap_c : &tmap_kv;
+          const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
           for (int cb = 0; cb < kColBlocks; ++cb) {
-            ptx::tma_load_4d(ptx::smem_addr(&s.kv[stage][cb][0][0]), &tmap_kv, full, cb * 64,
-                             (tiles.first + it) * kBlockN, w.kv_head, w.batch);
+            ptx::tma_load_4d(ptx::smem_addr(&s.kv[stage][cb][0][0]), map, full, cb * 64, n0,
+                             compressed ? 0 : w.kv_head, w.batch);
           }
         }
       }
@@ -163,7 +191,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   // Both consumer warpgroups cover all 64 rows with the same fragment layout.
   const int col_lane = 2 * (lane % 4);
   const int frag_row = warp * 16 + lane / 4;
-  KeyTiles tiles{};
+  Mqa512KeySegments seg{};
   int tok0 = 0;
 
   float o[128];      // this warpgroup's 256 columns of O
@@ -207,19 +235,27 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   };
   // Mask (boundary tiles only), exponentiate in the log2 domain, and set the factor O must be
   // multiplied by once the previous PV has landed.
-  auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2]) {
-    if (key_tile_needs_mask(tiles, n0, kBlockN, p.seqlen_k, p.causal, p.window_left)) {
+  // Tile `it` of the work tile's key sequence: kv rows, or compressed rows.
+  auto softmax = [&](float (&sacc)[kBlockN / 2], int it, float (&correction)[2]) {
+    const bool compressed = it >= seg.num_kv;
+    const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
+    const bool needs_mask =
+        compressed ? n0 + kBlockN > mqa512_closed_rows(p, seg.kv.pos_lo)
+                   : key_tile_needs_mask(seg.kv, n0, kBlockN, p.seqlen_k, p.causal, p.window_left);
+    if (needs_mask) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int pos = tok0 + (frag_row + 8 * i) % p.tile_tokens + p.seqlen_k - p.seqlen_q;
+        const int closed = compressed ? mqa512_closed_rows(p, pos) : 0;
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            if (!key_visible(n0 + 8 * j + col_lane + c, pos, p.seqlen_k, p.causal,
-                             p.window_left)) {
-              sacc[4 * j + 2 * i + c] = neg_inf;
-            }
+            const int key = n0 + 8 * j + col_lane + c;
+            const bool visible = compressed ? key < closed
+                                            : key_visible(key, pos, p.seqlen_k, p.causal,
+                                                          p.window_left);
+            if (!visible) sacc[4 * j + 2 * i + c] = neg_inf;
           }
         }
       }
@@ -272,9 +308,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
     const Mqa512WorkTile w = mqa512_decode_tile(p, work);
     tok0 = w.tok0;
-    tiles = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, w.tok0,
-                              p.tile_tokens, kBlockN);
-    const int num_tiles = tiles.end - tiles.first;
+    seg = mqa512_key_segments(p, w.tok0, kBlockN);
+    const int num_tiles = seg.num_kv + seg.num_c;
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     row_max[0] = row_max[1] = neg_inf;
@@ -296,7 +331,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
       if (num_tiles == 1) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
       complete_s(sacc);
-      softmax(sacc, tiles.first * kBlockN, correction);  // O is still 0: no rescale
+      softmax(sacc, 0, correction);  // O is still 0: no rescale
       to_a_fragment(sacc, pfrag);
 
       for (int it = 1; it < num_tiles; ++it) {
@@ -313,7 +348,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
         if (it == num_tiles - 1) ptx::mbarrier_arrive(q_empty);  // last read of Q
         complete_s(sacc);
-        softmax(sacc, (tiles.first + it) * kBlockN, correction);
+        softmax(sacc, it, correction);
         ptx::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);

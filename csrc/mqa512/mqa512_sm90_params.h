@@ -16,8 +16,15 @@ struct Mqa512Sm90Params {
   int tile_tokens, tile_heads, head_blocks;
   int num_m_blocks;    // ceil(Sq / tile_tokens)
   float scale_log2;    // scale * log2(e), > 0
+  // Segment 1, the rows of kv: every key with key_visible(causal, window_left) (fmha;
+  // dsv4_attention's window W is causal with window_left W - 1). use_kv = 0: no kv keys.
+  int use_kv;
   int causal;          // bottom-right aligned
   int window_left;     // < 0: no window
+  // Segment 2 (dsv4_attention HCA), the rows of compressed_kv, (B, seqlen_c, 1, 512): row w is
+  // visible to the query at position t iff w < min(seqlen_c, (t + 1) / compress_ratio).
+  int compress_ratio;  // 0: no compressed rows
+  int seqlen_c;
 };
 
 }  // namespace dsv4

@@ -1,0 +1,140 @@
+"""GPU tests of dsv4_attention on the sm90 head_dim-512 kernel (csrc/mqa512): dense
+sliding-only and HCA layers, every query head of a token in one 64-row tile.
+
+Rule (FlashAttention's): max |ours - f64 oracle| <= 2 x max |low - f64 oracle| + 1e-3 on out
+and lse, where `low` is SDPA in the input dtype over the same keys ([kv | compressed_kv]) with
+the layer's visibility as a mask and the sink as an extra zero key. Poisoned outputs, fresh
+inputs per case, determinism, CUDA-graph replay.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dsv4_attn
+from dsv4_attn import reference as ref
+
+from conftest import poison_allocator
+from test_fmha_sm90 import needs_sm90
+
+pytestmark = [pytest.mark.gpu, needs_sm90]
+
+D = 512
+
+
+def _visibility(sq, skv, sc, window, ratio, device):
+    """(Sq, Skv + Sc) bool: the keys each query sees, window rows then compressed rows."""
+    t = torch.arange(sq, device=device)[:, None] + (skv - sq)
+    j = torch.arange(skv, device=device)[None, :]
+    vis = (j <= t) & (j > t - window)
+    if sc:
+        w = torch.arange(sc, device=device)[None, :]
+        closed = torch.clamp(torch.div(t + 1, ratio, rounding_mode="floor"), max=sc)
+        vis = torch.cat([vis, w < closed], dim=1)
+    return vis
+
+
+def low_precision(q, kv, comp, sinks, window, ratio, scale):
+    b, sq, h, _ = q.shape
+    keys = kv if comp is None else torch.cat([kv, comp], dim=1)  # (B, T, D)
+    vis = _visibility(sq, kv.shape[1], 0 if comp is None else comp.shape[1], window, ratio,
+                      q.device)
+    bias = torch.zeros(h, sq, keys.shape[1], device=q.device).masked_fill(~vis, -math.inf)
+    kk = keys[:, None].expand(b, h, -1, D)
+    if sinks is not None:
+        kk = torch.cat([kk, kk.new_zeros(b, h, 1, D)], dim=2)
+        bias = torch.cat([bias, sinks[:, None, None].expand(h, sq, 1)], dim=2)
+    dead = torch.isinf(bias).all(-1)
+    bias = bias.masked_fill(dead[..., None], 0.0)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), kk, kk, attn_mask=bias.to(q.dtype),
+                                         scale=scale)
+    out = out.masked_fill(dead[None, :, :, None], 0.0).transpose(1, 2)
+    s = torch.matmul(q.transpose(1, 2), kk.transpose(-1, -2)).float() * scale + bias
+    return out, torch.logsumexp(s, -1).masked_fill(dead[None], -math.inf)
+
+
+def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, seed=0,
+          q_view=False):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=gen, device="cuda").to(dtype)  # noqa: E731
+    q = rand(b, h, sq, D).transpose(1, 2) if q_view else rand(b, sq, h, D)
+    kv = rand(b, skv, D)
+    comp = rand(b, sc, D) if ratio else None
+    sinks = torch.randn(h, generator=gen, device="cuda") * 2 if with_sinks else None
+    kw = dict(window=window, sinks=sinks)
+    if ratio:
+        kw.update(compressed_kv=comp, compress_ratio=ratio)
+    assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "sm90"
+    poison_allocator(2 * b * sq * h * D * 4 + (1 << 20), "cuda")
+    out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
+    want_out, want_lse = ref.dsv4_attention(q, kv, **kw)
+    low_out, low_lse = low_precision(q, kv, comp, sinks, window, ratio, 1 / math.sqrt(D))
+    want_out, want_lse = want_out.cuda(), want_lse.cuda()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    err = (out.double() - want_out).abs().max().item()
+    tol = 2 * (low_out.double() - want_out).abs().max().item() + 1e-3
+    assert err <= tol, f"out error {err:.3e} > {tol:.3e}"
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    if finite.any():
+        err = (lse.double() - want_lse)[finite].abs().max().item()
+        tol = 2 * (low_lse.double() - want_lse)[finite].abs().max().item() + 1e-3
+        assert err <= tol, f"lse error {err:.3e} > {tol:.3e}"
+    again = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+
+
+# (B, Sq, Skv, Hq, window, ratio, Sc, sinks)
+CASES = [
+    (2, 1, 300, 128, 128, 0, 0, True),      # sliding decode
+    (1, 2, 700, 64, 128, 0, 0, True),
+    (2, 3, 130, 8, 127, 0, 0, False),
+    (1, 64, 64, 1, 1, 0, 0, True),
+    (1, 65, 300, 64, 128, 0, 0, True),      # chunked prefill
+    (1, 300, 300, 128, 128, 0, 0, True),    # prefill
+    (1, 200, 200, 64, 0, 4, 50, True),      # HCA, no window keys
+    (2, 1, 1000, 128, 128, 128, 7, True),   # HCA decode (Sc = 1000 // 128)
+    (1, 300, 300, 64, 128, 128, 2, True),   # HCA prefill, two closed rows at the end
+    (1, 150, 520, 16, 127, 4, 130, False),  # HCA r=4, 4 tokens x 16 heads per tile
+    (1, 257, 257, 64, 1, 4, 64, True),
+    (1, 100, 100, 64, 0, 0, 0, False),      # nothing visible: out 0, lse -inf
+]
+
+
+@pytest.mark.parametrize("b,sq,skv,h,window,ratio,sc,sinks", CASES)
+def test_dsv4_sm90_matches_oracle(b, sq, skv, h, window, ratio, sc, sinks):
+    check(b, sq, skv, h, window, ratio, sc, sinks, seed=hash((b, sq, skv, h, window)) % 2 ** 31)
+
+
+def test_dsv4_sm90_fp16_and_views():
+    check(2, 40, 200, 64, 128, 4, 50, True, dtype=torch.float16, seed=3)
+    check(1, 33, 180, 128, 16, 128, 1, True, q_view=True, seed=4)
+
+
+def test_dsv4_sm90_csa_takes_reference_path():
+    q = torch.randn(1, 4, 64, D, device="cuda").bfloat16()
+    kv = torch.randn(1, 40, D, device="cuda").bfloat16()
+    comp = torch.randn(1, 10, D, device="cuda").bfloat16()
+    topk = torch.zeros(1, 4, 8, dtype=torch.int32, device="cuda")
+    assert dsv4_attn.dsv4_attention_path(q, kv, compressed_kv=comp, compress_ratio=4,
+                                         topk_indices=topk) == "reference"
+
+
+def test_dsv4_sm90_cuda_graph_decode_step():
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    q = torch.randn(4, 1, 128, D, generator=gen, device="cuda").bfloat16()
+    kv = torch.randn(4, 1024, D, generator=gen, device="cuda").bfloat16()
+    comp = torch.randn(4, 8, D, generator=gen, device="cuda").bfloat16()
+    sinks = torch.randn(128, generator=gen, device="cuda")
+    kw = dict(sinks=sinks, compressed_kv=comp, compress_ratio=128)
+    dsv4_attn.dsv4_attention(q, kv, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dsv4_attn.dsv4_attention(q, kv, **kw)
+    for _ in range(2):
+        for t in (q, kv, comp):
+            t.copy_(torch.randn(t.shape, generator=gen, device="cuda"))
+        graph.replay()
+        assert torch.equal(out, dsv4_attn.dsv4_attention(q, kv, **kw))
