@@ -42,3 +42,12 @@ out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
 torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: dsv4_attention sm90 path ran, outputs finite")
+
+# CSA: gathered rows (cp.async) with -1 padding, not-yet-closed and repeated indices.
+topk = torch.randint(-1, 80, (1, 70, 96), device="cuda", dtype=torch.int32)
+kw["topk_indices"] = topk
+assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "sm90"
+out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
+torch.cuda.synchronize()
+assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: dsv4_attention CSA sm90 path ran, outputs finite")

@@ -1,10 +1,11 @@
 """GPU tests of dsv4_attention on the sm90 head_dim-512 kernel (csrc/mqa512): dense
-sliding-only and HCA layers, every query head of a token in one 64-row tile.
+sliding-only, HCA and CSA layers, the query heads of a token packed into 64-row tiles.
 
 Rule (FlashAttention's): max |ours - f64 oracle| <= 2 x max |low - f64 oracle| + 1e-3 on out
-and lse, where `low` is SDPA in the input dtype over the same keys ([kv | compressed_kv]) with
-the layer's visibility as a mask and the sink as an extra zero key. Poisoned outputs, fresh
-inputs per case, determinism, CUDA-graph replay.
+and lse, where `low` computes the same layer in the input dtype: SDPA over [kv | compressed_kv]
+with the layer's visibility as a mask and the sink as an extra zero key (sliding, HCA), or, for
+CSA, per-query gathered keys with bf16 products and P rounded to bf16 (a mask cannot count a
+repeated index twice). Poisoned outputs, fresh inputs per case, determinism, CUDA-graph replay.
 """
 import math
 
@@ -54,8 +55,36 @@ def low_precision(q, kv, comp, sinks, window, ratio, scale):
     return out, torch.logsumexp(s, -1).masked_fill(dead[None], -math.inf)
 
 
+def low_precision_csa(q, kv, comp, topk, sinks, window, ratio, scale):
+    """The CSA layer as the kernel rounds it: products of the 16-bit inputs summed in fp32,
+    an fp32 softmax, P rounded to q's dtype, and the output rounded once."""
+    b, sq, h, _ = q.shape
+    skv, sc = kv.shape[1], comp.shape[1]
+    t = torch.arange(sq, device=q.device)[:, None] + (skv - sq)
+    j = torch.arange(skv, device=q.device)[None, :]
+    win_vis = (j <= t) & (j > t - window)                                   # (Sq, Skv)
+    closed = torch.clamp(torch.div(t + 1, ratio, rounding_mode="floor"), max=sc)
+    idx = topk.long()
+    csa_vis = (idx >= 0) & (idx < closed[None])                             # (B, Sq, K)
+    gathered = comp[torch.arange(b, device=q.device)[:, None, None], idx.clamp(0, sc - 1)]
+    qf, kvf, gf = q.float(), kv.float(), gathered.float()
+    s_win = torch.einsum("bshd,btd->bsht", qf, kvf) * scale
+    s_win = s_win.masked_fill(~win_vis[None, :, None], -math.inf)
+    s_csa = torch.einsum("bshd,bskd->bshk", qf, gf) * scale
+    s_csa = s_csa.masked_fill(~csa_vis[:, :, None], -math.inf)
+    s = torch.cat([s_win, s_csa], dim=-1)
+    lse = torch.logsumexp(s, -1)
+    if sinks is not None:
+        lse = torch.logaddexp(lse, sinks.float()[None, None])
+    shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - shift[..., None]).to(q.dtype).float()
+    out = torch.einsum("bsht,btd->bshd", p[..., :skv], kvf) + \
+        torch.einsum("bshk,bskd->bshd", p[..., skv:], gf)
+    return out.to(q.dtype), lse.transpose(1, 2)
+
+
 def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, seed=0,
-          q_view=False):
+          q_view=False, topk_k=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen, device="cuda").to(dtype)  # noqa: E731
     q = rand(b, h, sq, D).transpose(1, 2) if q_view else rand(b, sq, h, D)
@@ -65,11 +94,21 @@ def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, se
     kw = dict(window=window, sinks=sinks)
     if ratio:
         kw.update(compressed_kv=comp, compress_ratio=ratio)
+    if topk_k:
+        # -1 padding, rows >= Sc, rows not yet closed, and a repeated index per query.
+        topk = torch.randint(-1, sc + 3, (b, sq, topk_k), generator=gen, device="cuda")
+        if topk_k >= 2:
+            topk[..., -1] = topk[..., 0]
+        kw["topk_indices"] = topk.int()
     assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "sm90"
     poison_allocator(2 * b * sq * h * D * 4 + (1 << 20), "cuda")
     out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
     want_out, want_lse = ref.dsv4_attention(q, kv, **kw)
-    low_out, low_lse = low_precision(q, kv, comp, sinks, window, ratio, 1 / math.sqrt(D))
+    if topk_k:
+        low_out, low_lse = low_precision_csa(q, kv, comp, kw["topk_indices"], sinks, window,
+                                             ratio, 1 / math.sqrt(D))
+    else:
+        low_out, low_lse = low_precision(q, kv, comp, sinks, window, ratio, 1 / math.sqrt(D))
     want_out, want_lse = want_out.cuda(), want_lse.cuda()
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     err = (out.double() - want_out).abs().max().item()
@@ -107,18 +146,36 @@ def test_dsv4_sm90_matches_oracle(b, sq, skv, h, window, ratio, sc, sinks):
     check(b, sq, skv, h, window, ratio, sc, sinks, seed=hash((b, sq, skv, h, window)) % 2 ** 31)
 
 
+# (B, Sq, Skv, Hq, window, Sc, K): CSA with r = 4.
+CSA_CASES = [
+    (2, 1, 2100, 128, 128, 525, 512),    # decode, V4-Flash K
+    (1, 2, 4200, 64, 128, 1050, 1024),   # decode, V4-Pro K
+    (1, 3, 400, 64, 127, 100, 64),
+    (1, 65, 300, 64, 128, 75, 16),       # chunked prefill
+    (1, 200, 200, 128, 0, 50, 1),        # no window keys, K = 1
+    (2, 130, 130, 64, 1, 32, 40),        # K not a multiple of 64
+]
+
+
+@pytest.mark.parametrize("b,sq,skv,h,window,sc,k", CSA_CASES)
+def test_dsv4_sm90_csa_matches_oracle(b, sq, skv, h, window, sc, k):
+    check(b, sq, skv, h, window, 4, sc, True, topk_k=k, seed=hash((b, sq, skv, h, k)) % 2 ** 31)
+
+
 def test_dsv4_sm90_fp16_and_views():
     check(2, 40, 200, 64, 128, 4, 50, True, dtype=torch.float16, seed=3)
     check(1, 33, 180, 128, 16, 128, 1, True, q_view=True, seed=4)
 
 
-def test_dsv4_sm90_csa_takes_reference_path():
-    q = torch.randn(1, 4, 64, D, device="cuda").bfloat16()
+def test_dsv4_sm90_uncovered_calls_take_reference_path():
+    q = torch.randn(1, 4, 16, D, device="cuda").bfloat16()  # CSA needs Hq % 64 == 0
     kv = torch.randn(1, 40, D, device="cuda").bfloat16()
     comp = torch.randn(1, 10, D, device="cuda").bfloat16()
     topk = torch.zeros(1, 4, 8, dtype=torch.int32, device="cuda")
     assert dsv4_attn.dsv4_attention_path(q, kv, compressed_kv=comp, compress_ratio=4,
                                          topk_indices=topk) == "reference"
+    q = torch.randn(1, 4, 3, D, device="cuda").bfloat16()  # 3 heads do not pack into 64 rows
+    assert dsv4_attn.dsv4_attention_path(q, kv) == "reference"
 
 
 def test_dsv4_sm90_cuda_graph_decode_step():

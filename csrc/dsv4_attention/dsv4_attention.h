@@ -42,8 +42,8 @@ Dsv4Call check_dsv4_inputs(const at::Tensor& q, const at::Tensor& kv,
                            const std::optional<at::Tensor>& cu_seqlens_compressed,
                            int64_t max_seqlen_q, int64_t max_seqlen_kv);
 
-// sm90 path (compiled only with DSV4_WITH_CUDA, csrc/mqa512): dense sliding-only and HCA
-// calls at D = 512, bf16/fp16, with 64 % Hq == 0 or Hq % 64 == 0.
+// sm90 path (compiled only with DSV4_WITH_CUDA, csrc/mqa512): dense calls at D = 512,
+// bf16/fp16, with 64 % Hq == 0 or Hq % 64 == 0 (CSA: Hq % 64 == 0).
 bool mqa512_sm90_covers(const Dsv4Call& call);
 void mqa512_sm90(const Dsv4Call& call, at::Tensor& out, at::Tensor& lse);
 

@@ -58,6 +58,10 @@ Mqa512Sm90Params make_params(const Mqa512Shape& s, double scale, at::Tensor& out
   p.window_left = -1;
   p.compress_ratio = 0;
   p.seqlen_c = 0;
+  p.topk = nullptr;
+  p.topk_k = 0;
+  p.compressed = nullptr;
+  p.c_batch_stride = p.c_row_stride = 0;
   return p;
 }
 
@@ -120,9 +124,11 @@ void mqa512_sm90(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   dispatch("fmha", p, c.q, c.k, at::Tensor());
 }
 
-// ---- dsv4_attention: dense sliding-only and HCA layers (CSA's gather is not in the kernel).
+// ---- dsv4_attention: dense sliding-only, HCA and CSA layers. CSA gathers per token, so it
+// needs one token per tile: a multiple of 64 query heads.
 bool mqa512_sm90_covers(const Dsv4Call& c) {
-  if (c.varlen || c.topk_indices.has_value()) return false;
+  if (c.varlen) return false;
+  if (c.topk_indices.has_value() && c.heads % kRows != 0) return false;
   if (c.q.scalar_type() != at::kBFloat16 && c.q.scalar_type() != at::kHalf) return false;
   if (!covers_shape(c.q, shape_of(c), c.head_dim, c.scale)) return false;
   if (!tma_compatible(c.q) || !tma_compatible(one_head(c.kv))) return false;
@@ -139,11 +145,21 @@ void mqa512_sm90(const Dsv4Call& c, at::Tensor& out, at::Tensor& lse) {
   p.causal = 1;
   p.window_left = static_cast<int>(std::max<int64_t>(c.window - 1, 0));
   const bool has_c = c.compressed_kv && c.seqlen_compressed > 0;
+  at::Tensor topk;  // kept alive until the launch
   if (has_c) {
     p.compress_ratio = static_cast<int>(c.compress_ratio);
     p.seqlen_c = static_cast<int>(c.seqlen_compressed);
+    if (c.topk_indices) {
+      topk = c.topk_indices->contiguous();
+      p.topk = topk.data_ptr<int>();
+      p.topk_k = static_cast<int>(c.topk);
+      p.compressed = c.compressed_kv->data_ptr();
+      p.c_batch_stride = c.compressed_kv->stride(0);
+      p.c_row_stride = c.compressed_kv->stride(1);
+    }
   }
-  dispatch("dsv4_attention", p, c.q, one_head(c.kv), has_c ? one_head(*c.compressed_kv) : at::Tensor());
+  dispatch("dsv4_attention", p, c.q, one_head(c.kv),
+           has_c && !c.topk_indices ? one_head(*c.compressed_kv) : at::Tensor());
 }
 
 }  // namespace dsv4

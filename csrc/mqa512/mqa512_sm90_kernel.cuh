@@ -6,8 +6,10 @@
 // serves all 64 rows. Q's TMA box is (64 dims, tile_tokens, tile_heads), so the rows land
 // tokens innermost: row = head * tile_tokens + token.
 // Roles (128 threads per warpgroup):
-//   warpgroup 0, thread 0  producer: TMA loads of Q (once per work tile) and of the key tiles
+//   warpgroup 0, warp 0    producer: TMA loads of Q (once per work tile) and of the key tiles
 //                          (64 keys x 512) into a two-stage ring; each tile is read as K and V.
+//                          CSA tiles have no TMA box: the warp gathers their rows with 16-byte
+//                          cp.async (zero-filled where an index is not visible).
 //   warpgroups 1, 2        consumers. The 64 x 512 output is split by columns: warpgroup w
 //                          owns O[:, 256w : 256w + 256]. Both need the whole S = Q K^T, so
 //                          each computes the partial product over its half of head_dim, they
@@ -22,13 +24,17 @@
 // Barrier protocol (phase bits flip once per pass over the ring):
 //   q_full        producer arrive.expect_tx(64 KB) + TMA          -> consumers wait
 //   q_empty       every consumer thread after its last QK^T       -> producer, before next Q
-//   kv_full[s]    producer arrive.expect_tx(64 KB) + 8 TMA boxes  -> consumers, before QK^T
+//   kv_full[s]    32 producer-lane arrivals: lane 0's carries expect_tx(64 KB) of a TMA tile;
+//                 for a gather tile each lane arrives after its copies landed and a
+//                 fence.proxy.async (wgmma reads them)       -> consumers, before QK^T
 //   kv_empty[s]   every consumer thread after its PV of the tile  -> producer, before reuse
 //   named barrier 1  both consumer warpgroups stored their partial S; read the other's after it
 //   named barrier 2  both read the previous swap; store the next partial after it
 // Keys come in two segments, walked as one sequence of tiles in one online softmax: the rows
-// of kv (fmha's visibility: causal, window) and, for dsv4_attention's HCA layers, the closed
-// rows of compressed_kv (row w is closed for position t iff w < min(Sc, (t + 1) / r)).
+// of kv (fmha's visibility: causal, window) and, for dsv4_attention, the closed rows of
+// compressed_kv (row w is closed for position t iff w < min(Sc, (t + 1) / r)): all of them
+// (HCA, TMA tiles), or the K listed for the tile's token (CSA: one token per tile, 64 listed
+// slots per tile; a slot is visible iff its index is closed).
 // Masking: key tiles no row can see are never loaded; only boundary tiles are masked, per
 // element, from each row's token position (csrc/attention/key_range.cuh). Rows that see
 // nothing end with out = 0 and lse = -inf, or the sink-only value with a sink.
@@ -42,6 +48,7 @@
 
 #include "attention/key_range.cuh"
 #include "mqa512/mqa512_sm90_params.h"
+#include "ptx/cp_async.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
@@ -62,7 +69,9 @@ struct Mqa512Sm90Traits {
   static constexpr int kConsumerThreads = 256;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kProducerRegs = 24, kConsumerRegs = 240;
+  // The producer gathers CSA rows with 64-bit address arithmetic: 56 registers (ptxas spills
+  // at 40); the consumers fit in 224 without spills.
+  static constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register budget");
 
   struct alignas(1024) SharedStorage {
@@ -110,8 +119,22 @@ __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm9
   k.kv = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, tok0, p.tile_tokens,
                            block_n);
   k.num_kv = p.use_kv ? k.kv.end - k.kv.first : 0;
-  k.num_c = p.compress_ratio > 0 ? (mqa512_closed_rows(p, k.kv.pos_hi) + block_n - 1) / block_n : 0;
+  if (p.compress_ratio == 0) {
+    k.num_c = 0;
+  } else if (p.topk != nullptr) {
+    k.num_c = (p.topk_k + block_n - 1) / block_n;  // listed slots, 64 per tile
+  } else {
+    k.num_c = (mqa512_closed_rows(p, k.kv.pos_hi) + block_n - 1) / block_n;
+  }
   return k;
+}
+
+// CSA: the compressed row in slot `slot` of a token's list (`listed`, K entries), or -1 where
+// it is not visible (past K, negative, or not below `closed` = min(Sc, (t + 1) / r)).
+__device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, int closed,
+                                                 int slot) {
+  const int w = slot < topk_k ? listed[slot] : -1;
+  return w >= 0 && w < closed ? w : -1;
 }
 
 template <typename Element>
@@ -134,7 +157,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     ptx::mbarrier_init(q_full, 1);
     ptx::mbarrier_init(q_empty, T::kConsumerThreads);
     for (int i = 0; i < kStages; ++i) {
-      ptx::mbarrier_init(ptx::smem_addr(&s.kv_full[i]), 1);
+      ptx::mbarrier_init(ptx::smem_addr(&s.kv_full[i]), 32);  // every producer lane
       ptx::mbarrier_init(ptx::smem_addr(&s.kv_empty[i]), T::kConsumerThreads);
     }
     ptx::fence_barrier_init();
@@ -145,35 +168,68 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   if (warpgroup == 0) {
     // ------------------------------------------------------------------ producer
     ptx::setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    if (lane == 0) {
       ptx::tma_prefetch_descriptor(&tmap_q);
       ptx::tma_prefetch_descriptor(&tmap_kv);
-      if (p.compress_ratio > 0) ptx::tma_prefetch_descriptor(&tmap_c);
-      int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
-      for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
-        const Mqa512WorkTile w = mqa512_decode_tile(p, work);
-        const Mqa512KeySegments seg = mqa512_key_segments(p, w.tok0, kBlockN);
-        const int num_tiles = seg.num_kv + seg.num_c;
-        if (num_tiles == 0) continue;  // the consumers write the empty rows without loads
+      if (p.compress_ratio > 0 && p.topk == nullptr) ptx::tma_prefetch_descriptor(&tmap_c);
+    }
+    int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
+    for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
+      const Mqa512WorkTile w = mqa512_decode_tile(p, work);
+      const Mqa512KeySegments seg = mqa512_key_segments(p, w.tok0, kBlockN);
+      const int num_tiles = seg.num_kv + seg.num_c;
+      if (num_tiles == 0) continue;  // the consumers write the empty rows without loads
+      if (lane == 0) {
         ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
         ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
         for (int cb = 0; cb < kColBlocks; ++cb) {  // box (64 dims, tile_tokens, tile_heads)
           ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64, w.tok0,
                            w.head0, w.batch);
         }
-        ++q_round;
-        for (int it = 0; it < num_tiles; ++it, ++kv_iter) {
-          const int stage = kv_iter % kStages;
-          const uint32_t phase = (kv_iter / kStages) & 1;
-          const uint32_t full = ptx::smem_addr(&s.kv_full[stage]);
-          ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage]), phase ^ 1);
-          ptx::mbarrier_arrive_expect_tx(full, T::kTileBytes);
-          const bool compressed = it >= seg.num_kv;
-          const CUtensorMap* map = compressed ? &tmap_c : &tmap_kv;
-          const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
-          for (int cb = 0; cb < kColBlocks; ++cb) {
-            ptx::tma_load_4d(ptx::smem_addr(&s.kv[stage][cb][0][0]), map, full, cb * 64, n0,
-                             compressed ? 0 : w.kv_head, w.batch);
+      }
+      ++q_round;
+      for (int it = 0; it < num_tiles; ++it, ++kv_iter) {
+        const int stage = kv_iter % kStages;
+        const uint32_t phase = (kv_iter / kStages) & 1;
+        const uint32_t full = ptx::smem_addr(&s.kv_full[stage]);
+        ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage]), phase ^ 1);
+        const bool compressed = it >= seg.num_kv;
+        if (compressed && p.topk != nullptr) {
+          // Gather: lane l copies 16-byte chunks l and l + 32 of each listed row into the
+          // swizzled [8][64][64] layout a TMA box would have written.
+          const int slot0 = (it - seg.num_kv) * kBlockN;
+          const int closed = mqa512_closed_rows(p, seg.kv.pos_lo);  // one token per CSA tile
+          const int* listed =
+              p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.tok0) * p.topk_k;
+          const Element* base = static_cast<const Element*>(p.compressed) + w.batch * p.c_batch_stride;
+          const uint32_t tile = ptx::smem_addr(&s.kv[stage][0][0][0]);
+          for (int row = 0; row < kBlockN; ++row) {
+            const int src_row = mqa512_listed_row(listed, p.topk_k, closed, slot0 + row);
+            const Element* src = base + static_cast<long long>(max(src_row, 0)) * p.c_row_stride;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int chunk = lane + 32 * h;  // 16-byte chunk of the 1024-byte row
+              const uint32_t dst = tile + (chunk / 8) * kBlockN * 128 + row * 128 +
+                                   (((chunk % 8) ^ (row % 8)) << 4);
+              ptx::cp_async_16_zfill(dst, src + chunk * 8, src_row >= 0);
+            }
+          }
+          ptx::cp_async_wait_all();
+          ptx::fence_proxy_async_smem();  // wgmma reads what cp.async wrote
+          ptx::mbarrier_arrive(full);
+        } else {
+          if (lane == 0) {
+            const CUtensorMap* map = compressed ? &tmap_c : &tmap_kv;
+            const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
+            ptx::mbarrier_arrive_expect_tx(full, T::kTileBytes);
+            for (int cb = 0; cb < kColBlocks; ++cb) {
+              ptx::tma_load_4d(ptx::smem_addr(&s.kv[stage][cb][0][0]), map, full, cb * 64, n0,
+                               compressed ? 0 : w.kv_head, w.batch);
+            }
+          } else {
+            ptx::mbarrier_arrive(full);
           }
         }
       }
@@ -192,7 +248,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   const int col_lane = 2 * (lane % 4);
   const int frag_row = warp * 16 + lane / 4;
   Mqa512KeySegments seg{};
-  int tok0 = 0;
+  int tok0 = 0, batch = 0;
 
   float o[128];      // this warpgroup's 256 columns of O
   float row_max[2];  // running max of scale * log2(e) * s
@@ -233,15 +289,31 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kBlockN / 2; ++i) sacc[i] += s.partial_s[1 - wg][i][tid];
   };
-  // Mask (boundary tiles only), exponentiate in the log2 domain, and set the factor O must be
+  // Tile `it` of the work tile's key sequence (kv rows, then compressed rows): mask it (boundary
+  // tiles and CSA tiles only), exponentiate in the log2 domain, and set the factor O must be
   // multiplied by once the previous PV has landed.
-  // Tile `it` of the work tile's key sequence: kv rows, or compressed rows.
   auto softmax = [&](float (&sacc)[kBlockN / 2], int it, float (&correction)[2]) {
     const bool compressed = it >= seg.num_kv;
     const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
+    const bool csa = compressed && p.topk != nullptr;
+    if (csa) {  // one token per tile: mask by listed slot
+      const int closed = mqa512_closed_rows(p, seg.kv.pos_lo);
+      const int* listed = p.topk + (static_cast<long long>(batch) * p.seqlen_q + tok0) * p.topk_k;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          if (mqa512_listed_row(listed, p.topk_k, closed, n0 + 8 * j + col_lane + c) < 0) {
+            sacc[4 * j + c] = neg_inf;
+            sacc[4 * j + 2 + c] = neg_inf;
+          }
+        }
+      }
+    }
     const bool needs_mask =
-        compressed ? n0 + kBlockN > mqa512_closed_rows(p, seg.kv.pos_lo)
-                   : key_tile_needs_mask(seg.kv, n0, kBlockN, p.seqlen_k, p.causal, p.window_left);
+        !csa && (compressed ? n0 + kBlockN > mqa512_closed_rows(p, seg.kv.pos_lo)
+                            : key_tile_needs_mask(seg.kv, n0, kBlockN, p.seqlen_k, p.causal,
+                                                  p.window_left));
     if (needs_mask) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -309,6 +381,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     const Mqa512WorkTile w = mqa512_decode_tile(p, work);
     tok0 = w.tok0;
     seg = mqa512_key_segments(p, w.tok0, kBlockN);
+    batch = w.batch;
     const int num_tiles = seg.num_kv + seg.num_c;
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;

@@ -25,6 +25,13 @@ struct Mqa512Sm90Params {
   // visible to the query at position t iff w < min(seqlen_c, (t + 1) / compress_ratio).
   int compress_ratio;  // 0: no compressed rows
   int seqlen_c;
+  // CSA instead of HCA: only the rows listed in topk (B, Sq, topk_k) int32, contiguous, that are
+  // closed are visible; they are gathered from `compressed` (row w of batch b at
+  // compressed + b * c_batch_stride + w * c_row_stride elements).
+  const int* topk;     // nullptr: HCA (every closed row)
+  int topk_k;
+  const void* compressed;
+  long long c_batch_stride, c_row_stride;
 };
 
 }  // namespace dsv4

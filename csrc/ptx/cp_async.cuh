@@ -13,6 +13,18 @@ __device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, 
                : "memory");
 }
 
+// Copies 16 bytes from `src` when `valid`, else writes 16 zero bytes; bypasses L1 (.cg).
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// cp.async.wait_all: this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 // The mbarrier receives one arrival once all of this thread's earlier cp.async copies have
 // landed. noinc: the arrival is counted in the barrier's initial count.
 __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
