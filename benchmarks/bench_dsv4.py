@@ -122,6 +122,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="append the table to RESULTS.md")
+    ap.add_argument("--out", default=None, help="also write the markdown section to OUT/bench_dsv4.md")
     args = ap.parse_args(argv)
     device = common.require_cuda("bench_dsv4")
     dtype = torch.bfloat16
@@ -149,11 +150,14 @@ def main(argv=None):
                "ours / ceiling"]
     print(header)
     print(common.format_table(headers, rows))
+    section = (header.replace("\n", "\n\n") + "\n\n" +
+               common.format_table(headers, rows, markdown=True))
+    title = f"head_dim 512 (bench_dsv4.py), {common.device_name(device)}"
     if args.markdown:
-        common.append_results(os.path.join(HERE, "RESULTS.md"),
-                              f"head_dim 512 (bench_dsv4.py), {common.device_name(device)}",
-                              header.replace("\n", "\n\n") + "\n\n" +
-                              common.format_table(headers, rows, markdown=True))
+        common.append_results(os.path.join(HERE, "RESULTS.md"), title, section)
+    if args.out:
+        with open(os.path.join(args.out, "bench_dsv4.md"), "w", encoding="utf-8") as f:
+            f.write(f"## {common.today()}: {title}\n\n{section}\n")
 
 
 if __name__ == "__main__":

@@ -3,21 +3,24 @@
 # all cores, run the WHOLE test suite (CPU and gpu tests: the error tests must raise, not crash,
 # on this build too), compute-sanitizer, the benchmarks and the main command; logs go to $OUT
 # (default ./out); a short summary is printed last.
-#   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-sanitizer] [--quick-bench]
+#   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-gla-bench] [--no-sanitizer] [--quick-bench]
+# FlashAttention-3 joins bench_dsv4 when .peers/fmha is carried (see ../shared/peers/fetch.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-BENCH=1; FMHA_BENCH=1; SANITIZE=1; BENCH_ARGS=()
+BENCH=1; FMHA_BENCH=1; GLA_BENCH=1; SANITIZE=1; BENCH_ARGS=()
 for arg in "$@"; do
   case "$arg" in
     --no-bench) BENCH=0 ;;
     --no-fmha-bench) FMHA_BENCH=0 ;;
+    --no-gla-bench) GLA_BENCH=0 ;;
     --no-sanitizer) SANITIZE=0 ;;
     --quick-bench) BENCH_ARGS+=(--quick) ;;
     *) echo "unknown option $arg"; exit 2 ;;
   esac
 done
+[ -f .peers/fmha/env.sh ] && source .peers/fmha/env.sh
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 declare -A STATUS
@@ -54,7 +57,8 @@ fi
 step main main.log python3 -m dsv4_attn
 if [ "$BENCH" = 1 ]; then
   [ "$FMHA_BENCH" = 1 ] && step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" "${BENCH_ARGS[@]}"
-  step bench_gla bench_gla.log python3 benchmarks/bench_gla.py "${BENCH_ARGS[@]}"
+  [ "$GLA_BENCH" = 1 ] && step bench_gla bench_gla.log python3 benchmarks/bench_gla.py "${BENCH_ARGS[@]}"
+  step bench_dsv4 bench_dsv4.log python3 benchmarks/bench_dsv4.py --out "$OUT" "${BENCH_ARGS[@]}"
 fi
 
 echo
@@ -63,7 +67,7 @@ echo "$DEVICE"
 echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads')"
 grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -n 20
-for name in build tests memcheck racecheck main bench_fmha bench_gla; do
+for name in build tests memcheck racecheck main bench_fmha bench_gla bench_dsv4; do
   [ -n "${STATUS[$name]+x}" ] && printf '%-10s %s\n' "$name" "${STATUS[$name]}"
 done
 if [ "$BENCH" = 1 ] && [ "$FMHA_BENCH" = 1 ] && [ -f "$OUT/bench_fmha.log" ]; then
@@ -71,4 +75,7 @@ if [ "$BENCH" = 1 ] && [ "$FMHA_BENCH" = 1 ] && [ -f "$OUT/bench_fmha.log" ]; th
 fi
 if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_gla.log" ]; then
   echo "---- bench_gla (tail)"; tail -n 14 "$OUT/bench_gla.log"
+fi
+if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_dsv4.log" ]; then
+  echo "---- bench_dsv4 (tail)"; tail -n 16 "$OUT/bench_dsv4.log"
 fi

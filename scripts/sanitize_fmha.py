@@ -32,10 +32,11 @@ for b, sq, sk, hq, window in ((2, 70, 200, 16, 63), (1, 2, 300, 128, -1)):
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: head_dim 512 sm90 path ran, outputs finite")
 
-# dsv4_attention on the same kernel: a window and the closed rows of an HCA compressed KV.
-q = torch.randn(1, 70, 64, 512, device="cuda", dtype=torch.bfloat16)
-kv = torch.randn(1, 300, 512, device="cuda", dtype=torch.bfloat16)
-comp = torch.randn(1, 75, 512, device="cuda", dtype=torch.bfloat16)
+# dsv4_attention on the same kernel (persistent grid: 300 work tiles over 132 CTAs, so Q and
+# the ring carry across work tiles): a window and the closed rows of an HCA compressed KV.
+q = torch.randn(1, 300, 64, 512, device="cuda", dtype=torch.bfloat16)
+kv = torch.randn(1, 400, 512, device="cuda", dtype=torch.bfloat16)
+comp = torch.randn(1, 100, 512, device="cuda", dtype=torch.bfloat16)
 kw = dict(sinks=torch.randn(64, device="cuda"), compressed_kv=comp, compress_ratio=4)
 assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "sm90"
 out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
@@ -44,7 +45,7 @@ assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: dsv4_attention sm90 path ran, outputs finite")
 
 # CSA: gathered rows (cp.async) with -1 padding, not-yet-closed and repeated indices.
-topk = torch.randint(-1, 80, (1, 70, 96), device="cuda", dtype=torch.int32)
+topk = torch.randint(-1, 110, (1, 300, 96), device="cuda", dtype=torch.int32)
 kw["topk_indices"] = topk
 assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "sm90"
 out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
