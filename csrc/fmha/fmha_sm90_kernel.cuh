@@ -147,8 +147,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
         const WorkTile w = decode_tile(p, work);
         const int m0 = w.m_block * kBlockM, kv_head = w.head / p.group;
-        const KeyTiles tiles = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal, p.window_left,
-                                                  m0, kBlockM, kBlockN);
+        const KeyTiles tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
         const int num_tiles = tiles.end - tiles.first;
         if (num_tiles == 0) continue;  // consumers write the empty rows without loads
         // Q is released once the consumers' last QK^T of the previous work tile has landed,
@@ -227,7 +226,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   // exponentials (log2 domain; the scale folds into one FMA) and sets the per-row factor that
   // O must be multiplied by once the previous PV has landed.
   auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2]) {
-    if (key_tile_needs_mask(tiles, n0, kBlockN, p.seqlen_k, p.causal, p.window_left)) {
+    if (key_tile_needs_mask(p, tiles, n0, kBlockN)) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int pos = row0 + 8 * i + p.seqlen_k - p.seqlen_q;
@@ -236,7 +235,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int key = n0 + 8 * j + col_lane + c;
-            if (!key_visible(key, pos, p.seqlen_k, p.causal, p.window_left)) {
+            if (!key_visible(p, key, pos)) {
               sacc[4 * j + 2 * i + c] = neg_inf;
             }
           }
@@ -304,8 +303,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
     const WorkTile w = decode_tile(p, work);
     const int head = w.head, batch = w.batch, m0 = w.m_block * kBlockM;
-    tiles = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, m0, kBlockM,
-                              kBlockN);
+    tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
     const int num_tiles = tiles.end - tiles.first;
     row0 = m0 + wg * 64 + warp * 16 + lane / 4;
 #pragma unroll

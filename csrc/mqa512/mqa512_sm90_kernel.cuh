@@ -116,8 +116,7 @@ __device__ __forceinline__ int mqa512_closed_rows(const Mqa512Sm90Params& p, int
 __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm90Params& p,
                                                                  int tok0, int block_n) {
   Mqa512KeySegments k;
-  k.kv = visible_key_tiles(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, tok0, p.tile_tokens,
-                           block_n);
+  k.kv = visible_key_tiles(p, tok0, p.tile_tokens, block_n);
   k.num_kv = p.use_kv ? k.kv.end - k.kv.first : 0;
   if (p.compress_ratio == 0) {
     k.num_c = 0;
@@ -312,8 +311,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     }
     const bool needs_mask =
         !csa && (compressed ? n0 + kBlockN > mqa512_closed_rows(p, seg.kv.pos_lo)
-                            : key_tile_needs_mask(seg.kv, n0, kBlockN, p.seqlen_k, p.causal,
-                                                  p.window_left));
+                            : key_tile_needs_mask(p, seg.kv, n0, kBlockN));
     if (needs_mask) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -325,8 +323,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           for (int c = 0; c < 2; ++c) {
             const int key = n0 + 8 * j + col_lane + c;
             const bool visible = compressed ? key < closed
-                                            : key_visible(key, pos, p.seqlen_k, p.causal,
-                                                          p.window_left);
+                                            : key_visible(p, key, pos);
             if (!visible) sacc[4 * j + 2 * i + c] = neg_inf;
           }
         }
