@@ -45,6 +45,7 @@
 #include <type_traits>
 
 #include "attention/key_range.cuh"
+#include "attention/online_softmax.cuh"
 #include "fmha/fmha_sm90_params.h"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
@@ -242,50 +243,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = neg_inf;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      const float new_max = fmaxf(row_max[i], mx * p.scale_log2);
-      const float base = new_max == neg_inf ? 0.f : new_max;  // a row with nothing visible yet
-      correction[i] = ptx::exp2_approx(row_max[i] - base);
-      row_max[i] = new_max;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float e = ptx::exp2_approx(fmaf(sacc[4 * j + 2 * i + c], p.scale_log2, -base));
-          sacc[4 * j + 2 * i + c] = e;
-          sum += e;
-        }
-      }
-      row_sum[i] = row_sum[i] * correction[i] + sum;
-    }
-  };
-  // P as the A operand: the accumulator layout of two 8-column groups is the m64k16 A
-  // fragment, so P converts in place.
-  auto to_a_fragment = [&](const float (&sacc)[kBlockN / 2], uint32_t (&pfrag)[kBlockN / 16][4]) {
-#pragma unroll
-    for (int t = 0; t < kBlockN / 16; ++t) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) pfrag[t][r] = ptx::pack2<Element>(sacc[8 * t + 2 * r], sacc[8 * t + 2 * r + 1]);
-    }
-  };
-  auto rescale_o = [&](const float (&correction)[2]) {
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        o[4 * j + 2 * i] *= correction[i];
-        o[4 * j + 2 * i + 1] *= correction[i];
-      }
-    }
+    online_softmax_update<kBlockN>(sacc, p.scale_log2, row_max, row_sum, correction);
   };
 
   // Pingpong: consumer warpgroups take turns to issue their wgmmas (round robin through named
@@ -332,7 +290,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[first]));
       if (num_tiles == 1) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
       softmax(sacc, tiles.first * kBlockN, correction);  // O is still 0: no rescale
-      to_a_fragment(sacc, pfrag);
+      scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
 
       for (int it = 1; it < num_tiles; ++it) {
         const int cur = kv_iter + it;
@@ -357,8 +315,8 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   #pragma unroll
         for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
         ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[prev]));
-        rescale_o(correction);
-        to_a_fragment(sacc, pfrag);
+        rescale_rows<kHeadDim>(o, correction);
+        scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
       }
 
       const int last_iter = kv_iter + num_tiles - 1, last = last_iter % kStages;
@@ -377,27 +335,13 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
     }
 
     // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse
-    constexpr float kLn2 = 0.6931471805599453f;
     constexpr float kLog2e = 1.4426950408889634f;
     const float sink_log2 = p.sinks != nullptr ? p.sinks[head] * kLog2e : neg_inf;
     Element* out = static_cast<Element*>(p.out);
   #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float sum = row_sum[i];
-      sum += __shfl_xor_sync(0xffffffff, sum, 1);
-      sum += __shfl_xor_sync(0xffffffff, sum, 2);
-      float m = row_max[i];
-      float inv = 0.f, lse = neg_inf;
-      if (p.sinks != nullptr) {
-        const float m_all = fmaxf(m, sink_log2);
-        const float keep = ptx::exp2_approx(m - m_all);  // 0 when nothing was visible
-        sum = sum * keep + ptx::exp2_approx(sink_log2 - m_all);
-        inv = keep / sum;
-        lse = (m_all + __log2f(sum)) * kLn2;
-      } else if (sum > 0.f) {
-        inv = 1.f / sum;
-        lse = (m + __log2f(sum)) * kLn2;
-      }
+      float inv, lse;
+      finish_row(row_sum[i], row_max[i], p.sinks != nullptr, sink_log2, inv, lse);
       const int row = row0 + 8 * i;
       if (row < p.seqlen_q) {
         const size_t row_offset =

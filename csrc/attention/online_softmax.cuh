@@ -1,0 +1,100 @@
+// The online softmax of the sm90 attention consumers, on the rows of an m64nN wgmma
+// accumulator fragment: this thread holds rows r and r + 8 (r = 16 warp + lane / 4) and, in
+// each 8-column group j, columns 8j + 2 (lane % 4) + {0, 1}:
+//   acc[4j + 2i + c] = (row r + 8i, col 8j + 2 (lane % 4) + c).
+// Scores stay in the log2 domain: x = s * scale_log2 with scale_log2 = scale * log2(e) > 0.
+#pragma once
+
+#include <cstdint>
+
+#include "ptx/math.cuh"
+
+namespace dsv4 {
+
+// Folds a score tile (masked entries at -inf) into the running max and sum of the thread's two
+// rows, turns the scores into 2^(x - max), and sets correction[i], the factor the rows of O
+// must be multiplied by before this tile's P V is added.
+template <int kCols>
+__device__ __forceinline__ void online_softmax_update(float (&sacc)[kCols / 2], float scale_log2,
+                                                      float (&row_max)[2], float (&row_sum)[2],
+                                                      float (&correction)[2]) {
+  const float neg_inf = __int_as_float(0xff800000);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = neg_inf;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+      mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float new_max = fmaxf(row_max[i], mx * scale_log2);
+    const float base = new_max == neg_inf ? 0.f : new_max;  // a row with nothing visible yet
+    correction[i] = ptx::exp2_approx(row_max[i] - base);
+    row_max[i] = new_max;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float e = ptx::exp2_approx(fmaf(sacc[4 * j + 2 * i + c], scale_log2, -base));
+        sacc[4 * j + 2 * i + c] = e;
+        sum += e;
+      }
+    }
+    row_sum[i] = row_sum[i] * correction[i] + sum;
+  }
+}
+
+// P as the A operand of the next wgmma: the accumulator layout of two 8-column groups is the
+// m64k16 A fragment, so P converts in place.
+template <typename Element, int kCols>
+__device__ __forceinline__ void scores_to_a_fragment(const float (&sacc)[kCols / 2],
+                                                     uint32_t (&pfrag)[kCols / 16][4]) {
+#pragma unroll
+  for (int t = 0; t < kCols / 16; ++t) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      pfrag[t][r] = ptx::pack2<Element>(sacc[8 * t + 2 * r], sacc[8 * t + 2 * r + 1]);
+    }
+  }
+}
+
+// O (a 64 x kCols accumulator fragment) times the rows' correction.
+template <int kCols>
+__device__ __forceinline__ void rescale_rows(float (&o)[kCols / 2], const float (&correction)[2]) {
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      o[4 * j + 2 * i] *= correction[i];
+      o[4 * j + 2 * i + 1] *= correction[i];
+    }
+  }
+}
+
+// The end of a row: adds up the quad's partial sums and, with has_sink, folds in the sink
+// (`sink_log2`, in log2 units). Gives the factor O's row is multiplied by, and the row's lse in
+// natural log: 0 and -inf for a row with nothing visible and no sink.
+__device__ __forceinline__ void finish_row(float partial_sum, float row_max, bool has_sink,
+                                           float sink_log2, float& inv, float& lse) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  const float neg_inf = __int_as_float(0xff800000);
+  float sum = partial_sum;
+  sum += __shfl_xor_sync(0xffffffff, sum, 1);
+  sum += __shfl_xor_sync(0xffffffff, sum, 2);
+  inv = 0.f;
+  lse = neg_inf;
+  if (has_sink) {
+    const float m_all = fmaxf(row_max, sink_log2);
+    const float keep = ptx::exp2_approx(row_max - m_all);  // 0 when nothing was visible
+    sum = sum * keep + ptx::exp2_approx(sink_log2 - m_all);
+    inv = keep / sum;
+    lse = (m_all + __log2f(sum)) * kLn2;
+  } else if (sum > 0.f) {
+    inv = 1.f / sum;
+    lse = (row_max + __log2f(sum)) * kLn2;
+  }
+}
+
+}  // namespace dsv4
