@@ -52,3 +52,12 @@ out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
 torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: dsv4_attention CSA sm90 path ran, outputs finite")
+
+# Split-KV decode: 2 work tiles over 132 SMs, so each key range is cut and combined.
+q = torch.randn(1, 1, 128, 512, device="cuda", dtype=torch.bfloat16)
+kv = torch.randn(1, 1500, 1, 512, device="cuda", dtype=torch.bfloat16)
+out, lse = dsv4_attn.fmha(q, kv, kv, causal=True, sinks=torch.randn(128, device="cuda"),
+                          return_lse=True)
+torch.cuda.synchronize()
+assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: head_dim 512 split-KV decode ran, outputs finite")

@@ -3,10 +3,13 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 
+#include "attention/split_kv.h"
+#include "attention/split_kv_combine.cuh"
 #include "common/sm90_host.h"
 #include "dsv4_attention/dsv4_attention.h"
 #include "fmha/fmha.h"
@@ -64,6 +67,8 @@ Mqa512Sm90Params make_params(const Mqa512Shape& s, double scale, at::Tensor& out
   p.topk_k = 0;
   p.compressed = nullptr;
   p.c_batch_stride = p.c_row_stride = 0;
+  p.num_splits = 1;
+  p.o_partial = p.lse_partial = nullptr;
   return p;
 }
 
@@ -80,11 +85,28 @@ bool use_persistent_grid(bool short_work_tiles) {
 }
 
 template <typename Element>
-void launch(const char* op, const Mqa512Sm90Params& p, const at::Tensor& q, const at::Tensor& kv,
-            const at::Tensor& compressed, bool short_work_tiles) {
+void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::Tensor& kv,
+            const at::Tensor& compressed, bool short_work_tiles, int64_t max_key_tiles,
+            at::Tensor& out, at::Tensor& lse) {
   using T = Mqa512Sm90Traits<Element>;
   static_assert(T::kBlockM == kRows, "packing assumes 64-row tiles");
   auto kernel = mqa512_sm90_kernel<Element>;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int num_sms = device_info(q.get_device()).num_sms;
+  const int64_t tiles = int64_t(p.num_m_blocks) * p.head_blocks * p.heads_kv * p.batch;
+  p.num_splits = split_kv_count(tiles, max_key_tiles, num_sms);
+  // DSV4_SPLIT_KV=N forces N splits (capped by the key tiles), for tests and timing variants.
+  if (const char* forced = std::getenv("DSV4_SPLIT_KV")) {
+    p.num_splits = static_cast<int>(std::clamp<int64_t>(std::atoll(forced), 1, std::max<int64_t>(max_key_tiles, 1)));
+  }
+  at::Tensor o_partial, lse_partial;  // split-KV workspace, alive until the combine is queued
+  if (p.num_splits > 1) {
+    const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads_q;
+    o_partial = at::empty({p.num_splits, rows, T::kHeadDim}, q.options().dtype(at::kFloat));
+    lse_partial = at::empty({p.num_splits, rows}, q.options().dtype(at::kFloat));
+    p.o_partial = o_partial.data_ptr<float>();
+    p.lse_partial = lse_partial.data_ptr<float>();
+  }
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(T::kSmemBytes)));
   const CUtensorMap tq = make_tensor_map_bshd(op, q, "q", p.tile_tokens, p.tile_heads);
@@ -92,23 +114,42 @@ void launch(const char* op, const Mqa512Sm90Params& p, const at::Tensor& q, cons
   const CUtensorMap tc = compressed.defined()
                              ? make_tensor_map_bshd(op, compressed, "compressed_kv", T::kBlockN)
                              : tkv;  // not read without compressed rows
-  const int64_t num_work = int64_t(p.num_m_blocks) * p.head_blocks * p.heads_kv * p.batch;
+  const int64_t num_work = tiles * p.num_splits;
   const int64_t grid = use_persistent_grid(short_work_tiles)
-                           ? std::min<int64_t>(num_work, device_info(q.get_device()).num_sms)
+                           ? std::min<int64_t>(num_work, num_sms)
                            : num_work;
-  kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes,
-           at::cuda::getCurrentCUDAStream()>>>(tq, tkv, tc, p);
+  kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream>>>(tq, tkv, tc, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-void dispatch(const char* op, const Mqa512Sm90Params& p, const at::Tensor& q, const at::Tensor& kv,
-              const at::Tensor& compressed, bool short_work_tiles) {
-  if (q.scalar_type() == at::kBFloat16) {
-    launch<__nv_bfloat16>(op, p, q, kv, compressed, short_work_tiles);
-  } else {
-    launch<__half>(op, p, q, kv, compressed, short_work_tiles);
+  if (p.num_splits > 1) {
+    SplitKvCombineParams c;
+    c.o_partial = p.o_partial;
+    c.lse_partial = p.lse_partial;
+    c.out = out.data_ptr();
+    c.lse = lse.data_ptr<float>();
+    c.sinks = p.sinks;
+    c.splits = p.num_splits;
+    c.rows = p.batch * p.seqlen_q * p.heads_q;
+    c.heads = p.heads_q;
+    c.seqlen_q = p.seqlen_q;
+    const unsigned blocks = static_cast<unsigned>((c.rows + kSplitKvCombineWarps - 1) / kSplitKvCombineWarps);
+    split_kv_combine_kernel<Element, T::kHeadDim><<<blocks, 32 * kSplitKvCombineWarps, 0, stream>>>(c);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
+
+// max_key_tiles: an upper bound on the key tiles of one work tile, for the split-KV plan.
+void dispatch(const char* op, const Mqa512Sm90Params& p, const at::Tensor& q, const at::Tensor& kv,
+              const at::Tensor& compressed, bool short_work_tiles, int64_t max_key_tiles,
+              at::Tensor& out, at::Tensor& lse) {
+  if (q.scalar_type() == at::kBFloat16) {
+    launch<__nv_bfloat16>(op, p, q, kv, compressed, short_work_tiles, max_key_tiles, out, lse);
+  } else {
+    launch<__half>(op, p, q, kv, compressed, short_work_tiles, max_key_tiles, out, lse);
+  }
+}
+
+constexpr int64_t kKeysPerTile = 64;
+int64_t tiles_of(int64_t keys) { return (keys + kKeysPerTile - 1) / kKeysPerTile; }
 
 Mqa512Shape shape_of(const FmhaCall& c) {
   return {c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv};
@@ -138,7 +179,10 @@ void mqa512_sm90(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   Mqa512Sm90Params p = make_params(shape_of(c), c.scale, out, lse, c.sinks);
   p.causal = c.causal ? 1 : 0;
   p.window_left = static_cast<int>(c.window_left);
-  dispatch("fmha", p, c.q, c.k, at::Tensor(), /*short_work_tiles=*/false);
+  const int64_t max_key_tiles =
+      c.window_left >= 0 ? std::min(tiles_of(c.seqlen_k), tiles_of(c.window_left + 64) + 1)
+                         : tiles_of(c.seqlen_k);
+  dispatch("fmha", p, c.q, c.k, at::Tensor(), /*short_work_tiles=*/false, max_key_tiles, out, lse);
 }
 
 // ---- dsv4_attention: dense sliding-only, HCA and CSA layers. CSA gathers per token, so it
@@ -175,9 +219,12 @@ void mqa512_sm90(const Dsv4Call& c, at::Tensor& out, at::Tensor& lse) {
       p.c_row_stride = c.compressed_kv->stride(1);
     }
   }
+  int64_t max_key_tiles = std::min(tiles_of(c.seqlen_kv), tiles_of(c.window + 64) + 1);
+  if (has_c) max_key_tiles += c.topk_indices ? tiles_of(c.topk) : tiles_of(c.seqlen_compressed);
   dispatch("dsv4_attention", p, c.q, one_head(c.kv),
            has_c && !c.topk_indices ? one_head(*c.compressed_kv) : at::Tensor(),
-           /*short_work_tiles=*/true);  // a window and (compressed) rows: a few tiles each
+           /*short_work_tiles=*/true,  // a window and (compressed) rows: a few tiles each
+           max_key_tiles, out, lse);
 }
 
 }  // namespace dsv4

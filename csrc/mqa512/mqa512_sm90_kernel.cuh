@@ -35,6 +35,9 @@
 // compressed_kv (row w is closed for position t iff w < min(Sc, (t + 1) / r)): all of them
 // (HCA, TMA tiles), or the K listed for the tile's token (CSA: one token per tile, 64 listed
 // slots per tile; a slot is visible iff its index is closed).
+// Split-KV: when the work tiles cannot fill the SMs, each is cut into num_splits ranges of its
+// key tiles (work = tile * num_splits + split); a split writes fp32 partial rows and their lse,
+// and the combine kernel (csrc/attention/split_kv_combine.cuh) folds in the sink.
 // Masking: key tiles no row can see are never loaded; only boundary tiles are masked, per
 // element, from each row's token position (csrc/attention/key_range.cuh). Rows that see
 // nothing end with out = 0 and lse = -inf, or the sink-only value with a sink.
@@ -90,17 +93,31 @@ struct Mqa512Sm90Traits {
 // block) are consecutive, so CTAs running together share that KV head's keys in L2; the last
 // query tile (the most keys under a causal mask) comes first.
 struct Mqa512WorkTile {
-  int tok0, head0, kv_head, batch;
+  int tok0, head0, kv_head, batch, split;
 };
 
 __device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Params& p, int t) {
+  const int split = t % p.num_splits;  // a work tile's splits are neighbours
+  t /= p.num_splits;
   const int m_block = p.num_m_blocks - 1 - t % p.num_m_blocks;
   int rest = t / p.num_m_blocks;
   const int head_block = rest % p.head_blocks;
   rest /= p.head_blocks;
   const int kv_head = rest % p.heads_kv;
   return {m_block * p.tile_tokens, kv_head * p.group + head_block * p.tile_heads, kv_head,
-          rest / p.heads_kv};
+          rest / p.heads_kv, split};
+}
+
+// The key tiles [begin, end) of the work tile's sequence that split `split` visits.
+struct Mqa512SplitRange {
+  int begin, end;
+};
+
+__device__ __forceinline__ Mqa512SplitRange mqa512_split_range(int num_tiles, int split,
+                                                               int num_splits) {
+  const int per = (num_tiles + num_splits - 1) / num_splits;
+  const int begin = min(split * per, num_tiles);
+  return {begin, min(begin + per, num_tiles)};
 }
 
 // The key tiles a work tile visits: kv tiles [kv.first, kv.first + num_kv), then compressed
@@ -151,7 +168,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
-  const int num_work = p.num_m_blocks * p.head_blocks * p.heads_kv * p.batch;
+  const int num_work = p.num_m_blocks * p.head_blocks * p.heads_kv * p.batch * p.num_splits;
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
@@ -179,8 +196,9 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
       const Mqa512WorkTile w = mqa512_decode_tile(p, work);
       const Mqa512KeySegments seg = mqa512_key_segments(p, w.tok0, kBlockN);
-      const int num_tiles = seg.num_kv + seg.num_c;
-      if (num_tiles == 0) continue;  // the consumers write the empty rows without loads
+      const Mqa512SplitRange range = mqa512_split_range(seg.num_kv + seg.num_c, w.split,
+                                                        p.num_splits);
+      if (range.begin == range.end) continue;  // the consumers write the empty rows, no loads
       if (lane == 0) {
         ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
         ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
@@ -190,7 +208,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         }
       }
       ++q_round;
-      for (int it = 0; it < num_tiles; ++it, ++kv_iter) {
+      for (int it = range.begin; it < range.end; ++it, ++kv_iter) {
         const int stage = kv_iter % kStages;
         const uint32_t phase = (kv_iter / kStages) & 1;
         const uint32_t full = ptx::smem_addr(&s.kv_full[stage]);
@@ -339,7 +357,9 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     tok0 = w.tok0;
     seg = mqa512_key_segments(p, w.tok0, kBlockN);
     batch = w.batch;
-    const int num_tiles = seg.num_kv + seg.num_c;
+    const Mqa512SplitRange range = mqa512_split_range(seg.num_kv + seg.num_c, w.split,
+                                                      p.num_splits);
+    const int num_tiles = range.end - range.begin;  // this split's key tiles
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     row_max[0] = row_max[1] = neg_inf;
@@ -361,7 +381,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
       if (num_tiles == 1) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
       complete_s(sacc);
-      softmax(sacc, 0, correction);  // O is still 0: no rescale
+      softmax(sacc, range.begin, correction);  // O is still 0: no rescale
       scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
 
       for (int it = 1; it < num_tiles; ++it) {
@@ -378,7 +398,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
         if (it == num_tiles - 1) ptx::mbarrier_arrive(q_empty);  // last read of Q
         complete_s(sacc);
-        softmax(sacc, it, correction);
+        softmax(sacc, range.begin + it, correction);
         ptx::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
@@ -399,24 +419,36 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       ++q_round;
     }
 
-    // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse
+    // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse; a
+    // split stores its normalised rows in fp32 and their lse without the sink instead
     constexpr float kLog2e = 1.4426950408889634f;
+    const bool split = p.num_splits > 1;
     Element* out = static_cast<Element*>(p.out);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = frag_row + 8 * i;
       const int token = tok0 + row % p.tile_tokens, head = w.head0 + row / p.tile_tokens;
+      const bool has_sink = p.sinks != nullptr && !split;
       float inv, lse;
-      finish_row(row_sum[i], row_max[i], p.sinks != nullptr,
-                 p.sinks != nullptr ? p.sinks[head] * kLog2e : 0.f, inv, lse);
+      finish_row(row_sum[i], row_max[i], has_sink, has_sink ? p.sinks[head] * kLog2e : 0.f, inv,
+                 lse);
       if (token < p.seqlen_q) {
-        const size_t row_offset =
-            ((static_cast<size_t>(w.batch) * p.seqlen_q + token) * p.heads_q + head) * T::kHeadDim +
-            wg * 256;
+        const size_t out_row = (static_cast<size_t>(w.batch) * p.seqlen_q + token) * p.heads_q + head;
+        if (split) {
+          const size_t part_row = static_cast<size_t>(w.split) * p.batch * p.seqlen_q * p.heads_q + out_row;
+          float* dst = p.o_partial + part_row * T::kHeadDim + wg * 256;
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            *reinterpret_cast<float2*>(dst + 8 * j + col_lane) =
+                make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+          }
+          if (wg == 0 && lane % 4 == 0) p.lse_partial[part_row] = lse;
+          continue;
+        }
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           const uint32_t packed = ptx::pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-          *reinterpret_cast<uint32_t*>(out + row_offset + 8 * j + col_lane) = packed;
+          *reinterpret_cast<uint32_t*>(out + out_row * T::kHeadDim + wg * 256 + 8 * j + col_lane) = packed;
         }
         if (wg == 0 && lane % 4 == 0) {
           p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head) * p.seqlen_q + token] = lse;

@@ -32,6 +32,13 @@ struct Mqa512Sm90Params {
   int topk_k;
   const void* compressed;
   long long c_batch_stride, c_row_stride;
+  // Split-KV (csrc/attention/split_kv.h): num_splits > 1 cuts each work tile's key tiles into
+  // that many ranges; each writes its rows to o_partial [split][row][512] fp32 and lse_partial
+  // [split][row] (no sink), row = (batch * Sq + token) * Hq + head, and the combine kernel
+  // writes out and lse.
+  int num_splits;
+  float* o_partial;
+  float* lse_partial;
 };
 
 }  // namespace dsv4
