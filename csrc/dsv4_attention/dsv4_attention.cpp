@@ -144,13 +144,12 @@ Dsv4Call check_dsv4_inputs(const at::Tensor& q, const at::Tensor& kv,
     const at::Tensor& t = *topk_indices;
     check_same_device(kOp, "topk_indices", t, "q", q);
     check_dtype(kOp, "topk_indices", t, at::kInt);
-    const int64_t rows = c.varlen ? q.size(0) : c.batch;
     if (c.varlen) {
       TORCH_CHECK(t.dim() == 2 && t.size(0) == q.size(0), kOp,
                   ": topk_indices must have shape (total_q, K) = (", q.size(0),
                   ", K) (got shape ", shape_str(t), ")");
     } else {
-      TORCH_CHECK(t.dim() == 3 && t.size(0) == rows && t.size(1) == c.seqlen_q, kOp,
+      TORCH_CHECK(t.dim() == 3 && t.size(0) == c.batch && t.size(1) == c.seqlen_q, kOp,
                   ": topk_indices must have shape (B, Sq, K) = (", c.batch, ", ", c.seqlen_q,
                   ", K) (got shape ", shape_str(t), ")");
     }
