@@ -1,8 +1,14 @@
-"""Forward attention throughput: dsv4_attn.fmha beside torch SDPA's cuDNN, flash and
-memory-efficient backends, all measured in one process on one GPU.
+"""Forward attention throughput: dsv4_attn.fmha beside FlashAttention-3 and torch SDPA's
+cuDNN, flash and memory-efficient backends, all measured in one process on one GPU.
 
     python benchmarks/bench_fmha.py            # full sweep (< 3 min with the sm90 kernel)
     python benchmarks/bench_fmha.py --quick    # S in {1k, 4k}, D = 128, plus one decode
+    python benchmarks/bench_fmha.py --only-varlen   # the varlen and merge tables alone
+
+FlashAttention-3 is an optional import (fa3_fwd_interface: `source .peers/fmha/env.sh`, see
+../shared/peers/fetch.sh); without it its cells say n/a. After the main table come varlen
+rows (mixed-length batches, against FA3's varlen call, one cu_seqlens tensor reused by both)
+and merge_attn_states (the fused kernel against the ATen composition, in % of copy bandwidth).
 
 Prints one table (last), writes a PNG of TFLOP/s against S and a copy of the table to --out,
 and appends the table to benchmarks/RESULTS.md unless --no-append. Before any shape is
@@ -25,6 +31,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (benchmarks/common.py)
+
+try:
+    from fa3_fwd_interface import flash_attn_func as fa3_func  # noqa: E402
+    from fa3_fwd_interface import flash_attn_varlen_func as fa3_varlen_func  # noqa: E402
+except ImportError:
+    fa3_func = fa3_varlen_func = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENS = 16384             # B * S for every prefill shape
@@ -152,6 +164,20 @@ def measure(shape: Shape, dtype: torch.dtype, device, dsv4, args) -> Row:
             row.notes[name] = _short_error(e)
             torch.cuda.empty_cache()
 
+    if fa3_func is not None:
+        try:
+            fa3_out = fa3_func(q, k, v, causal=shape.causal)
+            fa3_out = fa3_out[0] if isinstance(fa3_out, tuple) else fa3_out
+            torch.cuda.synchronize()
+            if ours is not None and (fa3_out.float() - ours.float()).abs().max().item() > 5e-2:
+                row.notes["FA3"] = "disagrees"
+            del fa3_out
+        except Exception as e:  # noqa: BLE001
+            row.notes["FA3"] = _short_error(e)
+            torch.cuda.empty_cache()
+    else:
+        row.notes["FA3"] = "n/a"
+
     ref_name = next((n for n in CHECK_ORDER if n in sdpa_out), None)
     if ours is not None and ref_name is not None:
         ref = sdpa_out[ref_name].transpose(1, 2)
@@ -171,6 +197,8 @@ def measure(shape: Shape, dtype: torch.dtype, device, dsv4, args) -> Row:
         except Exception as e:  # noqa: BLE001
             row.notes["dsv4"] = _short_error(e)
             torch.cuda.empty_cache()
+    if fa3_func is not None and "FA3" not in row.notes:
+        row.ms["FA3"] = common.bench_ms(lambda: fa3_func(q, k, v, causal=shape.causal), **timing)
     for name in sdpa_ok:
         try:
             with sdpa_kernel(backends[name]):
@@ -179,6 +207,81 @@ def measure(shape: Shape, dtype: torch.dtype, device, dsv4, args) -> Row:
             row.notes[name] = _short_error(e)
             torch.cuda.empty_cache()
     return row
+
+
+# ----------------------------------------------------------------------------- varlen, merge
+
+# Mixed-length batches: (name, lengths, Hq, Hkv, D, causal). The first is the issue's row: 10
+# sequences, 19k tokens, GQA 32/8.
+VARLEN_ROWS = [
+    ("10 seqs 19k GQA", [4096, 512, 3000, 100, 2048, 1, 5000, 700, 2900, 1100], 32, 8, 128, True),
+    ("10 seqs 19k GQA", [4096, 512, 3000, 100, 2048, 1, 5000, 700, 2900, 1100], 32, 8, 128, False),
+    ("64 seqs 64-4096", None, 16, 16, 128, True),
+    ("10 seqs 19k D64", [4096, 512, 3000, 100, 2048, 1, 5000, 700, 2900, 1100], 32, 32, 64, True),
+    ("10 seqs 19k D256", [4096, 512, 3000, 100, 2048, 1, 5000, 700, 2900, 1100], 16, 16, 256, True),
+]
+
+
+def varlen_table(dtype, device, dsv4, args, gemm: float) -> str:
+    gen = torch.Generator().manual_seed(5)
+    body = []
+    for name, lens, hq, hkv, d, causal in VARLEN_ROWS:
+        if lens is None:
+            lens = torch.randint(64, 4097, (64,), generator=gen).tolist()
+        total = sum(lens)
+        q = common.randn((total, hq, d), dtype, device)
+        k = common.randn((total, hkv, d), dtype, device)
+        v = common.randn((total, hkv, d), dtype, device)
+        cu = torch.tensor([0] + lens, device=device).cumsum(0).to(torch.int32)  # reused by all
+        mx = max(lens)
+        pairs = sum(n * (n + 1) // 2 if causal else n * n for n in lens)
+        flops = 4.0 * pairs * hq * d
+        kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx, max_seqlen_k=mx, causal=causal)
+        path = dsv4.fmha_path(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        timing = dict(warmup=args.warmup, rep=args.rep, budget_ms=args.budget_ms)
+        ours = dsv4.fmha(q, k, v, **kw)
+        ms = common.bench_ms(lambda: dsv4.fmha(q, k, v, **kw), **timing)
+        fa3_ms, check = None, "-"
+        if fa3_varlen_func is not None:
+            ref = fa3_varlen_func(q, k, v, cu, cu, mx, mx, causal=causal)
+            ref = ref[0] if isinstance(ref, tuple) else ref
+            check = f"{(ours.float() - ref.float()).abs().max().item():.1e}"
+            fa3_ms = common.bench_ms(lambda: fa3_varlen_func(q, k, v, cu, cu, mx, mx,
+                                                             causal=causal), **timing)
+        tf = flops / (ms * 1e-3) / 1e12
+        body.append([name, len(lens), total, f"{hq}/{hkv}", d, "yes" if causal else "no", path,
+                     check, f"{ms:.3f}", f"{fa3_ms:.3f}" if fa3_ms else "n/a", f"{tf:.0f}",
+                     f"{fa3_ms / ms:.2f}x" if fa3_ms else "n/a", f"{100 * tf / gemm:.0f}%"])
+        del q, k, v, ours
+        torch.cuda.empty_cache()
+    headers = ["varlen batch", "N", "tokens", "Hq/Hkv", "D", "causal", "path", "max |dsv4-FA3|",
+               "dsv4 ms", "FA3 ms", "dsv4 TFLOP/s", "dsv4/FA3", "of GEMM"]
+    return common.format_table(headers, body)
+
+
+def merge_table(dtype, device, dsv4, args, copy_gbs: float) -> str:
+    """merge_attn_states reads two outputs and two lse and writes one of each."""
+    body = []
+    for b, t, h, d in [(4, 4096, 32, 128), (1, 8192, 128, 512), (64, 1, 128, 512)]:
+        a = common.randn((b, t, h, d), dtype, device)
+        bb = common.randn((b, t, h, d), dtype, device)
+        la = common.randn((b, h, t), torch.float32, device)
+        lb = common.randn((b, h, t), torch.float32, device)
+        nbytes = 3 * a.numel() * a.element_size() + 3 * la.numel() * 4
+        timing = dict(warmup=args.warmup, rep=args.rep, budget_ms=args.budget_ms)
+        fused = common.bench_ms(lambda: dsv4.merge_attn_states(a, la, bb, lb), **timing)
+        os.environ["DSV4_DISABLE_SM90"] = "1"
+        try:
+            aten = common.bench_ms(lambda: dsv4.merge_attn_states(a, la, bb, lb), **timing)
+        finally:
+            del os.environ["DSV4_DISABLE_SM90"]
+        gbs = nbytes / (fused * 1e-3) / 1e9
+        body.append([f"({b}, {t}, {h}, {d})", f"{nbytes / 1e6:.0f}", f"{fused * 1e3:.1f}",
+                     f"{aten * 1e3:.1f}", f"{gbs:.0f}", f"{100 * gbs / copy_gbs:.0f}%"])
+        del a, bb, la, lb
+    headers = ["merge (B, T, H, Dv)", "MB moved", "fused us", "ATen us", "fused GB/s",
+               "of copy"]
+    return common.format_table(headers, body)
 
 
 # ----------------------------------------------------------------------------- report
@@ -222,16 +325,17 @@ def _ceiling(row: Row, dtype, gemm: float, copy_gbs: float) -> str:
 
 def build_table(rows: List[Row], dtype, gemm: float, copy_gbs: float, markdown: bool) -> str:
     headers = ["B", "Sq", "Sk", "Hq/Hkv", "D", "causal", "path", "check max abs Δ",
-               "dsv4", "cuDNN", "flash", "efficient", "dsv4/cuDNN", "dsv4/best SDPA",
-               "dsv4 of ceiling"]
+               "dsv4", "FA3", "cuDNN", "flash", "efficient", "dsv4/FA3", "dsv4/cuDNN",
+               "dsv4/best SDPA", "dsv4 of ceiling"]
     body = []
     for r in rows:
         s = r.shape
         best = _best_sdpa(r)
         body.append([
             s.b, s.sq, s.sk, f"{s.hq}/{s.hkv}", s.d, "yes" if s.causal else "no", r.path,
-            r.check, _cell(r, "dsv4", dtype), _cell(r, "cuDNN", dtype), _cell(r, "flash", dtype),
-            _cell(r, "efficient", dtype), _ratio(r, "cuDNN"),
+            r.check, _cell(r, "dsv4", dtype), _cell(r, "FA3", dtype), _cell(r, "cuDNN", dtype),
+            _cell(r, "flash", dtype), _cell(r, "efficient", dtype), _ratio(r, "FA3"),
+            _ratio(r, "cuDNN"),
             _ratio(r, best) + (f" ({best})" if best and "dsv4" in r.ms else ""),
             _ceiling(r, dtype, gemm, copy_gbs),
         ])
@@ -297,6 +401,8 @@ def main(argv=None) -> int:
                    help="input dtype (default bf16)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up calls per measurement")
     p.add_argument("--rep", type=int, default=20, help="most timed calls per measurement")
+    p.add_argument("--only-varlen", action="store_true",
+                   help="only the varlen and merge tables (no sweep, nothing appended)")
     p.add_argument("--budget-ms", type=float, default=150.0,
                    help="fewer timed calls (at least 3) when --rep calls would take longer")
     args = p.parse_args(argv)
@@ -315,6 +421,14 @@ def main(argv=None) -> int:
     ceilings = (f"ceilings this run: {dname} GEMM 8192^3 {gemm:.0f} TFLOP/s | "
                 f"D2D copy {copy_gbs:.0f} GB/s (read + write)")
     print(ceilings)
+    print(f"FlashAttention-3: {'fa3_fwd_interface' if fa3_func else 'not installed (n/a cells)'}")
+    extra = ("varlen (ms; TFLOP/s count causal pairs exactly):\n"
+             + varlen_table(dtype, device, dsv4, args, gemm) + "\n\nmerge_attn_states:\n"
+             + merge_table(dtype, device, dsv4, args, copy_gbs))
+    if args.only_varlen:
+        print()
+        print(extra)
+        return 0
 
     rows = []
     shapes = sweep(args.quick)
@@ -332,7 +446,8 @@ def main(argv=None) -> int:
              "decode cells add GB/s of K + V read; ratios are dsv4 throughput / peer's; "
              f"check: max abs(dsv4 - SDPA) on out, FAIL above {CHECK_TOL.get(dtype, 5e-2):g}")
     md = "\n".join([header, "", ceilings, "", units, "",
-                    build_table(rows, dtype, gemm, copy_gbs, markdown=True)])
+                    build_table(rows, dtype, gemm, copy_gbs, markdown=True), "", "```", extra,
+                    "```"])
 
     os.makedirs(args.out, exist_ok=True)
     stem = f"fmha_{dname}" + ("_quick" if args.quick else "")
@@ -352,6 +467,8 @@ def main(argv=None) -> int:
     print(units)
     print()
     print(build_table(rows, dtype, gemm, copy_gbs, markdown=False))
+    print()
+    print(extra)
     if failed:
         print(f"\n{len(failed)} shape(s) FAILED the spot check against SDPA")
         return 1

@@ -61,3 +61,18 @@ out, lse = dsv4_attn.fmha(q, kv, kv, causal=True, sinks=torch.randn(128, device=
 torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: head_dim 512 split-KV decode ran, outputs finite")
+
+# Varlen: the device-built schedule, sequences of 0 to 300 tokens (boundary tiles load the next
+# sequence's rows, and the last one's past the end), at D = 128 and at D = 512 (k is v).
+lens = [0, 1, 65, 300, 7]
+cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+for d, hq, hkv in ((128, 8, 2), (512, 64, 1)):
+    q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens), hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = k if d == 512 else torch.randn_like(k)
+    kw = dict(causal=True, sinks=torch.randn(hq, device="cuda"), cu_seqlens_q=cu, cu_seqlens_k=cu)
+    assert dsv4_attn.fmha_path(q, k, v, **kw) == "sm90", f"varlen D = {d}: not the sm90 path"
+    out, lse = dsv4_attn.fmha(q, k, v, max_seqlen_q=300, max_seqlen_k=300, return_lse=True, **kw)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: varlen sm90 paths ran, outputs finite")

@@ -116,3 +116,65 @@ def test_merge_does_not_modify_inputs(gen, device):
     ops.merge_attn_states(*args)
     for a, b in zip(args, before):
         assert torch.equal(a, b)
+
+
+def _is_sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _is_sm90(), reason="the fused merge kernel runs on sm_90")
+@pytest.mark.parametrize("layout", ["dense", "varlen", "strided", "odd_dv"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES + [torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_merge_kernel_matches_aten_composition(gen, monkeypatch, dtype, layout):
+    """The fused kernel against the ATen composition (DSV4_DISABLE_SM90=1) and the oracle:
+    -inf on side a, on side b and on both, views with strides (16-byte chunks) and a Dv that
+    allows no 16-byte chunk (one element per thread), poisoned outputs."""
+    from conftest import poison_allocator
+
+    b, t, h = 3, 70, 5
+    dv = 12 if layout == "odd_dv" else 128
+    if layout == "strided":  # (B, H, T, Dv) storage seen as (B, T, H, Dv); lse (B, T, H) as (B, H, T)
+        out_a = randn(gen, b, h, t, dv, dtype=dtype, device="cuda").transpose(1, 2)
+        out_b = randn(gen, b, h, t, dv, dtype=dtype, device="cuda").transpose(1, 2)
+        lse_a = (randn(gen, b, t, h, dtype=torch.float32, device="cuda") * 3).transpose(1, 2)
+        lse_b = (randn(gen, b, t, h, dtype=torch.float32, device="cuda") * 3).transpose(1, 2)
+    elif layout == "varlen":
+        out_a = randn(gen, b * t, h, dv, dtype=dtype, device="cuda")
+        out_b = randn(gen, b * t, h, dv, dtype=dtype, device="cuda")
+        lse_a = randn(gen, h, b * t, dtype=torch.float32, device="cuda") * 3
+        lse_b = randn(gen, h, b * t, dtype=torch.float32, device="cuda") * 3
+    else:
+        out_a = randn(gen, b, t, h, dv, dtype=dtype, device="cuda")
+        out_b = randn(gen, b, t, h, dv, dtype=dtype, device="cuda")
+        lse_a = randn(gen, b, h, t, dtype=torch.float32, device="cuda") * 3
+        lse_b = randn(gen, b, h, t, dtype=torch.float32, device="cuda") * 3
+    # Empty sides: -inf on a alone, on b alone, on both (their out rows hold zeros, as fmha's).
+    mask = rand(gen, *lse_a.shape, device="cuda")
+    lse_a = lse_a.masked_fill(mask < 0.15, -math.inf)
+    lse_b = lse_b.masked_fill((mask > 0.1) & (mask < 0.25), -math.inf)
+
+    poison_allocator(4 * out_a.numel() * 4 + (1 << 20), "cuda")
+    out, lse = ops.merge_attn_states(out_a, lse_a, out_b, lse_b)
+    monkeypatch.setenv("DSV4_DISABLE_SM90", "1")
+    want_out, want_lse = ops.merge_attn_states(out_a, lse_a, out_b, lse_b)
+    monkeypatch.delenv("DSV4_DISABLE_SM90")
+
+    assert out.is_contiguous() and lse.is_contiguous()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
+    torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.float(), want_out.float(), rtol=1e-2 if dtype != torch.float32
+                               else 1e-6, atol=1e-5)
+    # And the oracle, float64 throughout: within a few roundings of the output dtype (the fp32
+    # weights' exp and the two products and the sum each round once).
+    la, lb = lse_a.double(), lse_b.double()
+    lse64 = torch.logaddexp(la, lb)
+    shift = torch.where(torch.isinf(lse64), torch.zeros_like(lse64), lse64)
+    if out_a.dim() == 4:
+        wa, wb = [torch.exp(x - shift).transpose(1, 2)[..., None] for x in (la, lb)]
+    else:
+        wa, wb = [torch.exp(x - shift).t()[..., None] for x in (la, lb)]
+    want64 = out_a.double() * wa + out_b.double() * wb
+    assert (out.double() - want64).abs().max().item() <= 8 * torch.finfo(dtype).eps * (
+        want64.abs().max().item() + 1)

@@ -1,12 +1,16 @@
 // Key-range arithmetic shared by the sm90 attention kernels: which key tiles a tile of query
 // rows can see, which of them straddle a boundary, and per-element visibility. Positions are
-// bottom-right aligned: query token i sits at key position i + Sk - Sq. `Params` is a kernel's
-// parameter struct with seqlen_q, seqlen_k, causal and window_left (< 0: no window); taking it
-// by reference keeps the fields in parameter space (passing them as values cost the D <= 256
-// fmha kernel registers it does not have: ptxas spilled).
+// bottom-right aligned: query token i sits at key position i + Sk - Sq. `Params` is anything
+// with seqlen_q, seqlen_k, causal and window_left (< 0: no window): a kernel's parameter struct
+// for a dense call (taken by reference, the fields stay in parameter space), or a KeyShape
+// holding one varlen sequence's lengths.
 #pragma once
 
 namespace dsv4 {
+
+struct KeyShape {
+  int seqlen_q, seqlen_k, causal, window_left;
+};
 
 struct KeyTiles {
   int first, end;      // key tiles [first, end) that some row can see

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <cuda.h>
 
+#include "attention/varlen_schedule.h"
+
 namespace dsv4 {
 
 struct DeviceInfo {
@@ -28,5 +30,19 @@ bool tma_compatible(const at::Tensor& t);
 // go into the error message if the driver refuses the encoding.
 CUtensorMap make_tensor_map_bshd(const char* op, const at::Tensor& t, const char* name,
                                  uint32_t box_rows, uint32_t box_heads = 1);
+
+// A varlen call's work schedule (csrc/attention/varlen_schedule.h), built by a one-CTA kernel
+// queued on the current stream: no host sync. `storage` owns the buffers; keep it alive until
+// the kernel that reads them is queued.
+struct VarlenScheduleBuffers {
+  at::Tensor storage;
+  const VarlenSequence* sequences = nullptr;
+  const VarlenTile* tiles = nullptr;
+  int64_t capacity = 0;  // slots in tiles
+};
+VarlenScheduleBuffers build_varlen_schedule(const at::Tensor& cu_seqlens_q,
+                                            const at::Tensor& cu_seqlens_k, int64_t total_q,
+                                            int64_t total_k, int tokens_per_tile,
+                                            int keys_per_tile, bool causal, int64_t window_left);
 
 }  // namespace dsv4

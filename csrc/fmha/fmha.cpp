@@ -144,6 +144,11 @@ bool mqa512_sm90_covers(const FmhaCall&) { return false; }
 void mqa512_sm90(const FmhaCall&, at::Tensor&, at::Tensor&) {
   TORCH_CHECK(false, "fmha: this build has no CUDA kernels");
 }
+bool merge_attn_states_sm90_covers(const at::Tensor&, const at::Tensor&) { return false; }
+void merge_attn_states_sm90(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, at::Tensor&, at::Tensor&) {
+  TORCH_CHECK(false, "merge_attn_states: this build has no CUDA kernels");
+}
 #endif
 
 }  // namespace dsv4

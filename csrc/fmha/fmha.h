@@ -44,6 +44,11 @@ bool fmha_sm90_covers(const FmhaCall& call);
 void fmha_sm90(const FmhaCall& call, at::Tensor& out, at::Tensor& lse);
 bool mqa512_sm90_covers(const FmhaCall& call);
 void mqa512_sm90(const FmhaCall& call, at::Tensor& out, at::Tensor& lse);
+// merge_attn_states in one fused pass (validated inputs; out and lse allocated contiguous).
+bool merge_attn_states_sm90_covers(const at::Tensor& out_a, const at::Tensor& out_b);
+void merge_attn_states_sm90(const at::Tensor& out_a, const at::Tensor& lse_a,
+                            const at::Tensor& out_b, const at::Tensor& lse_b, at::Tensor& out,
+                            at::Tensor& lse);
 
 // ---- ops (registered in torch_bindings.cpp)
 std::tuple<at::Tensor, at::Tensor> fmha(const at::Tensor& q, const at::Tensor& k,

@@ -94,20 +94,60 @@ struct FmhaSm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
-// Work tile t -> (m_block, head, batch). Query tiles of one (batch, head) are consecutive, so
-// CTAs running at the same time share that head's K/V in L2; within a head the last query tile
-// (the one that sees the most keys under a causal mask) comes first.
+// Work tile t: a query tile of one (sequence, head), with that sequence's rows and lengths.
+// Dense: the query tiles of one (batch, head) are consecutive, so CTAs running at the same
+// time share that head's K/V in L2; within a head the last query tile (the one that sees the
+// most keys under a causal mask) comes first. Varlen: the schedule's order (the costliest
+// query tiles first), each tile's heads consecutive.
+// Dense calls take the lengths from the parameters, by reference (key_range.cuh): a copy
+// would hold registers through the mainloop, which the D = 64 and 128 consumers do not have.
 struct WorkTile {
-  int m_block, head, batch;
+  int m_block, head, batch;  // batch: the index into the tensors' batch dim (0 for varlen)
+  int q_start, k_start;      // the sequence's first row of q/out and of k/v (0 for dense)
+  KeyShape shape;            // varlen: its lengths; 0 for an unused schedule slot
 };
 
+template <bool kVarlen>
 __device__ __forceinline__ WorkTile decode_tile(const FmhaSm90Params& p, int t) {
-  const int head_batch = t / p.num_m_blocks;
-  return {p.num_m_blocks - 1 - t % p.num_m_blocks, head_batch % p.heads_q,
-          head_batch / p.heads_q};
+  if constexpr (kVarlen) {
+    const VarlenTile tile = p.varlen_tiles[t / p.heads_q];
+    WorkTile w{tile.m_block, t % p.heads_q, 0, 0, 0, {0, 0, p.causal, p.window_left}};
+    if (tile.batch >= 0) {
+      const VarlenSequence seq = p.varlen_sequences[tile.batch];
+      w.q_start = seq.q_start;
+      w.k_start = seq.k_start;
+      w.shape.seqlen_q = seq.seqlen_q;
+      w.shape.seqlen_k = seq.seqlen_k;
+    }
+    return w;
+  } else {
+    const int head_batch = t / p.num_m_blocks;
+    return {p.num_m_blocks - 1 - t % p.num_m_blocks, head_batch % p.heads_q,
+            head_batch / p.heads_q, 0, 0, {}};
+  }
 }
 
-template <typename Element, int kHeadDim>
+// Sets the scores of the keys that row0 + {0, 8} cannot see to -inf in the tile starting at key
+// n0, if it straddles a boundary. `keys`: the parameters (dense) or the sequence's KeyShape.
+template <int kBlockN, typename Keys>
+__device__ __forceinline__ void mask_key_tile(const Keys& keys, const KeyTiles& tiles, int row0,
+                                              int col_lane, int n0, float (&sacc)[kBlockN / 2]) {
+  if (!key_tile_needs_mask(keys, tiles, n0, kBlockN)) return;
+  const float neg_inf = __int_as_float(0xff800000);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pos = row0 + 8 * i + keys.seqlen_k - keys.seqlen_q;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        if (!key_visible(keys, n0 + 8 * j + col_lane + c, pos)) sacc[4 * j + 2 * i + c] = neg_inf;
+      }
+    }
+  }
+}
+
+template <typename Element, int kHeadDim, bool kVarlen>
 __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1)
     fmha_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
                      const __grid_constant__ CUtensorMap tmap_k,
@@ -121,7 +161,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
-  const int num_work = p.num_m_blocks * p.heads_q * p.batch;
+  const int num_work = p.num_work;
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
@@ -146,9 +186,10 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       ptx::tma_prefetch_descriptor(&tmap_v);
       int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
       for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
-        const WorkTile w = decode_tile(p, work);
+        const WorkTile w = decode_tile<kVarlen>(p, work);
         const int m0 = w.m_block * kBlockM, kv_head = w.head / p.group;
-        const KeyTiles tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
+        const KeyTiles tiles = kVarlen ? visible_key_tiles(w.shape, m0, kBlockM, kBlockN)
+                                       : visible_key_tiles(p, m0, kBlockM, kBlockN);
         const int num_tiles = tiles.end - tiles.first;
         if (num_tiles == 0) continue;  // consumers write the empty rows without loads
         // Q is released once the consumers' last QK^T of the previous work tile has landed,
@@ -156,8 +197,8 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
         ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
         ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
         for (int cb = 0; cb < kColBlocks; ++cb) {
-          ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64, m0, w.head,
-                           w.batch);
+          ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
+                           w.q_start + m0, w.head, w.batch);
         }
         ++q_round;
         for (int it = 0; it < num_tiles; ++it, ++kv_iter) {
@@ -168,15 +209,15 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
           ptx::mbarrier_wait(ptx::smem_addr(&s.k_empty[stage]), phase ^ 1);
           ptx::mbarrier_arrive_expect_tx(k_full, T::kTileBytes);
           for (int cb = 0; cb < kColBlocks; ++cb) {
-            ptx::tma_load_4d(ptx::smem_addr(&s.k[stage][cb][0][0]), &tmap_k, k_full, cb * 64, n0,
-                             kv_head, w.batch);
+            ptx::tma_load_4d(ptx::smem_addr(&s.k[stage][cb][0][0]), &tmap_k, k_full, cb * 64,
+                             w.k_start + n0, kv_head, w.batch);
           }
           const uint32_t v_full = ptx::smem_addr(&s.v_full[stage]);
           ptx::mbarrier_wait(ptx::smem_addr(&s.v_empty[stage]), phase ^ 1);
           ptx::mbarrier_arrive_expect_tx(v_full, T::kTileBytes);
           for (int cb = 0; cb < kColBlocks; ++cb) {
-            ptx::tma_load_4d(ptx::smem_addr(&s.v[stage][cb][0][0]), &tmap_v, v_full, cb * 64, n0,
-                             kv_head, w.batch);
+            ptx::tma_load_4d(ptx::smem_addr(&s.v[stage][cb][0][0]), &tmap_v, v_full, cb * 64,
+                             w.k_start + n0, kv_head, w.batch);
           }
         }
       }
@@ -194,6 +235,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   const int col_lane = 2 * (lane % 4);
   int row0 = 0;     // this thread's first query row in the current work tile
   KeyTiles tiles{};  // the current work tile's visible key tiles
+  KeyShape shape{};  // varlen: its sequence's lengths
 
   float o[kHeadDim / 2];
   float row_max[2];  // running max of scale * log2(e) * s
@@ -227,21 +269,10 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   // exponentials (log2 domain; the scale folds into one FMA) and sets the per-row factor that
   // O must be multiplied by once the previous PV has landed.
   auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2]) {
-    if (key_tile_needs_mask(p, tiles, n0, kBlockN)) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int pos = row0 + 8 * i + p.seqlen_k - p.seqlen_q;
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int key = n0 + 8 * j + col_lane + c;
-            if (!key_visible(p, key, pos)) {
-              sacc[4 * j + 2 * i + c] = neg_inf;
-            }
-          }
-        }
-      }
+    if constexpr (kVarlen) {
+      mask_key_tile<kBlockN>(shape, tiles, row0, col_lane, n0, sacc);
+    } else {
+      mask_key_tile<kBlockN>(p, tiles, row0, col_lane, n0, sacc);
     }
     online_softmax_update<kBlockN>(sacc, p.scale_log2, row_max, row_sum, correction);
   };
@@ -259,11 +290,15 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
 
   int kv_iter = 0, q_round = 0;  // as in the producer
   for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
-    const WorkTile w = decode_tile(p, work);
-    const int head = w.head, batch = w.batch, m0 = w.m_block * kBlockM;
-    tiles = visible_key_tiles(p, m0, kBlockM, kBlockN);
+    {
+      const WorkTile w = decode_tile<kVarlen>(p, work);
+      const int m0 = w.m_block * kBlockM;
+      shape = w.shape;
+      tiles = kVarlen ? visible_key_tiles(shape, m0, kBlockM, kBlockN)
+                      : visible_key_tiles(p, m0, kBlockM, kBlockN);
+      row0 = m0 + wg * 64 + warp * 16 + lane / 4;
+    }
     const int num_tiles = tiles.end - tiles.first;
-    row0 = m0 + wg * 64 + warp * 16 + lane / 4;
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
     row_max[0] = row_max[1] = neg_inf;
@@ -334,8 +369,12 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       ++q_round;
     }
 
-    // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse
+    // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse. The
+    // work tile is decoded again, so that its fields held no registers through the mainloop.
     constexpr float kLog2e = 1.4426950408889634f;
+    const WorkTile w = decode_tile<kVarlen>(p, work);
+    const int head = w.head, batch = w.batch;
+    const int seqlen_q = kVarlen ? w.shape.seqlen_q : p.seqlen_q;
     const float sink_log2 = p.sinks != nullptr ? p.sinks[head] * kLog2e : neg_inf;
     Element* out = static_cast<Element*>(p.out);
   #pragma unroll
@@ -343,16 +382,16 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       float inv, lse;
       finish_row(row_sum[i], row_max[i], p.sinks != nullptr, sink_log2, inv, lse);
       const int row = row0 + 8 * i;
-      if (row < p.seqlen_q) {
-        const size_t row_offset =
-            ((static_cast<size_t>(batch) * p.seqlen_q + row) * p.heads_q + head) * kHeadDim;
+      if (row < seqlen_q) {
+        const size_t token = static_cast<size_t>(batch) * p.seqlen_q + w.q_start + row;
+        const size_t row_offset = (token * p.heads_q + head) * kHeadDim;
   #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
           const uint32_t packed = ptx::pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
           *reinterpret_cast<uint32_t*>(out + row_offset + 8 * j + col_lane) = packed;
         }
         if (lane % 4 == 0) {
-          p.lse[(static_cast<size_t>(batch) * p.heads_q + head) * p.seqlen_q + row] = lse;
+          p.lse[(static_cast<size_t>(batch) * p.heads_q + head) * p.seqlen_q + w.q_start + row] = lse;
         }
       }
     }

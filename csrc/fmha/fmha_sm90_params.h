@@ -3,15 +3,23 @@
 
 #include <cstdint>
 
+#include "attention/varlen_schedule.h"
+
 namespace dsv4 {
 
+// A varlen call is indexed as one batch of total_q query rows (out (1, total_q, Hq, Dv), lse
+// (1, Hq, total_q), q/k/v tensor maps over (1, total, H, D)); each work tile takes its
+// sequence's rows and lengths from the schedule.
 struct FmhaSm90Params {
   void* out;           // (B, Sq, Hq, Dv), contiguous, q's dtype
   float* lse;          // (B, Hq, Sq), contiguous
   const float* sinks;  // (Hq,) or nullptr
-  int batch, seqlen_q, seqlen_k;
+  int batch, seqlen_q, seqlen_k;  // varlen: 1, total_q, total_k
   int heads_q, group;  // group = Hq / Hkv; query head h reads KV head h / group
-  int num_m_blocks;    // query tiles per (batch, head); work tiles = num_m_blocks * Hq * B
+  int num_m_blocks;    // dense: query tiles per (batch, head)
+  int num_work;        // work tiles: dense num_m_blocks * Hq * B, varlen tile slots * Hq
+  const VarlenTile* varlen_tiles;          // nullptr: dense
+  const VarlenSequence* varlen_sequences;
   float scale_log2;    // scale * log2(e), > 0
   int causal;          // bottom-right aligned
   int window_left;     // < 0: no window

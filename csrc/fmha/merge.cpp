@@ -1,5 +1,6 @@
 // merge_attn_states: exact attention over the union of two disjoint key sets from each set's
-// fmha (out, lse). ATen elementwise ops; both of fmha's layouts.
+// fmha (out, lse), in both of fmha's layouts. One fused kernel on sm90 (csrc/fmha/merge_sm90.cu);
+// elsewhere the same arithmetic as ATen elementwise ops.
 #include <c10/core/DeviceGuard.h>
 
 #include <limits>
@@ -55,6 +56,12 @@ std::tuple<at::Tensor, at::Tensor> merge_attn_states(const at::Tensor& out_a,
                                                      const at::Tensor& lse_b) {
   check_merge_inputs(out_a, lse_a, out_b, lse_b);
   c10::DeviceGuard guard(out_a.device());
+  if (merge_attn_states_sm90_covers(out_a, out_b)) {
+    at::Tensor out = at::empty(out_a.sizes(), out_a.options());
+    at::Tensor lse = at::empty(lse_a.sizes(), lse_a.options());
+    merge_attn_states_sm90(out_a, lse_a, out_b, lse_b, out, lse);
+    return {out, lse};
+  }
   at::Tensor lse = at::logaddexp(lse_a, lse_b);
   // Where both sides are -inf the merged lse is -inf: shift by 0 so both weights are 0, not NaN.
   at::Tensor shift = at::where(at::isinf(lse) & (lse < 0), at::zeros({}, lse.options()), lse);

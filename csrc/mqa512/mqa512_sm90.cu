@@ -69,6 +69,8 @@ Mqa512Sm90Params make_params(const Mqa512Shape& s, double scale, at::Tensor& out
   p.c_batch_stride = p.c_row_stride = 0;
   p.num_splits = 1;
   p.o_partial = p.lse_partial = nullptr;
+  p.varlen_tiles = nullptr;
+  p.varlen_sequences = nullptr;
   return p;
 }
 
@@ -115,6 +117,7 @@ void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::T
                              ? make_tensor_map_bshd(op, compressed, "compressed_kv", T::kBlockN)
                              : tkv;  // not read without compressed rows
   const int64_t num_work = tiles * p.num_splits;
+  p.num_work = static_cast<int>(num_work);
   const int64_t grid = use_persistent_grid(short_work_tiles)
                            ? std::min<int64_t>(num_work, num_sms)
                            : num_work;
@@ -151,9 +154,13 @@ void dispatch(const char* op, const Mqa512Sm90Params& p, const at::Tensor& q, co
 constexpr int64_t kKeysPerTile = 64;
 int64_t tiles_of(int64_t keys) { return (keys + kKeysPerTile - 1) / kKeysPerTile; }
 
+// Varlen: the longest sequences stand in for Sq and Sk.
 Mqa512Shape shape_of(const FmhaCall& c) {
   return {c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv};
 }
+
+// Varlen tensors (total, H, D) are described as one batch, (1, total, H, D).
+at::Tensor as_bshd(const FmhaCall& c, const at::Tensor& t) { return c.varlen ? t.unsqueeze(0) : t; }
 
 // dsv4_attention's kv (B, Skv, D) and compressed_kv (B, Sc, D) as (B, S, 1, D) views.
 at::Tensor one_head(const at::Tensor& t) { return t.unsqueeze(2); }
@@ -166,23 +173,50 @@ Mqa512Shape shape_of(const Dsv4Call& c) {
 
 // ---- fmha: D = Dv = 512, k and v one tensor (the same memory with the same geometry).
 bool mqa512_sm90_covers(const FmhaCall& c) {
-  if (c.varlen || c.head_dim_v != 512) return false;
+  if (c.head_dim_v != 512) return false;
   if (c.k.data_ptr() != c.v.data_ptr() || c.k.sizes() != c.v.sizes() ||
       c.k.strides() != c.v.strides()) {
     return false;
   }
-  return covers_shape(c.q, shape_of(c), c.head_dim, c.scale) && tma_compatible(c.q) &&
-         tma_compatible(c.k);
+  if (c.varlen) {
+    // Packed rows (plus a tile past the end) are int; an empty q or k has no memory to
+    // describe. The schedule's slots bound the work tiles: check them as Sq of one sequence.
+    constexpr int64_t kMaxRows = std::numeric_limits<int>::max() / 2;
+    const int64_t total_q = c.q.size(0), total_k = c.k.size(0);
+    if (total_q < 1 || total_k < 1 || total_q > kMaxRows || total_k > kMaxRows) return false;
+    if (c.heads_q < 1 || c.heads_kv < 1) return false;
+    const int64_t group = c.heads_q / c.heads_kv;
+    const int64_t slots = varlen_tile_capacity(total_q, c.batch, kRows / std::min<int64_t>(group, kRows));
+    const Mqa512Shape as_one{1, slots * (kRows / std::min<int64_t>(group, kRows)), total_k,
+                             c.heads_q, c.heads_kv};
+    if (!covers_shape(c.q, as_one, c.head_dim, c.scale)) return false;
+  } else if (!covers_shape(c.q, shape_of(c), c.head_dim, c.scale)) {
+    return false;
+  }
+  return tma_compatible(as_bshd(c, c.q)) && tma_compatible(as_bshd(c, c.k));
 }
 
 void mqa512_sm90(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   Mqa512Sm90Params p = make_params(shape_of(c), c.scale, out, lse, c.sinks);
   p.causal = c.causal ? 1 : 0;
   p.window_left = static_cast<int>(c.window_left);
+  VarlenScheduleBuffers schedule;  // alive until the kernel is queued
+  if (c.varlen) {
+    schedule = build_varlen_schedule(*c.cu_seqlens_q, *c.cu_seqlens_k, c.q.size(0), c.k.size(0),
+                                     p.tile_tokens, static_cast<int>(kKeysPerTile), c.causal,
+                                     c.window_left);
+    p.batch = 1;
+    p.seqlen_q = static_cast<int>(c.q.size(0));
+    p.seqlen_k = static_cast<int>(c.k.size(0));
+    p.num_m_blocks = static_cast<int>(schedule.capacity);
+    p.varlen_tiles = schedule.tiles;
+    p.varlen_sequences = schedule.sequences;
+  }
   const int64_t max_key_tiles =
       c.window_left >= 0 ? std::min(tiles_of(c.seqlen_k), tiles_of(c.window_left + 64) + 1)
                          : tiles_of(c.seqlen_k);
-  dispatch("fmha", p, c.q, c.k, at::Tensor(), /*short_work_tiles=*/false, max_key_tiles, out, lse);
+  dispatch("fmha", p, as_bshd(c, c.q), as_bshd(c, c.k), at::Tensor(), /*short_work_tiles=*/false,
+           max_key_tiles, out, lse);
 }
 
 // ---- dsv4_attention: dense sliding-only, HCA and CSA layers. CSA gathers per token, so it

@@ -89,23 +89,49 @@ struct Mqa512Sm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
-// Work tile t -> its tokens, heads and KV head. The query tiles of one (batch, KV head, head
-// block) are consecutive, so CTAs running together share that KV head's keys in L2; the last
-// query tile (the most keys under a causal mask) comes first.
+// Work tile t -> its tokens, heads, KV head and split, and its sequence's rows and lengths.
+// Dense: the query tiles of one (batch, KV head, head block) are consecutive, so CTAs running
+// together share that KV head's keys in L2; the last query tile (the most keys under a causal
+// mask) comes first. Varlen: the schedule's order (costliest first).
 struct Mqa512WorkTile {
   int tok0, head0, kv_head, batch, split;
+  int q_start, k_start;  // the sequence's first row of q/out and of kv (0 for dense)
+  KeyShape shape;        // its lengths; 0 for an unused schedule slot (no rows, no keys)
 };
 
 __device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Params& p, int t) {
   const int split = t % p.num_splits;  // a work tile's splits are neighbours
   t /= p.num_splits;
-  const int m_block = p.num_m_blocks - 1 - t % p.num_m_blocks;
-  int rest = t / p.num_m_blocks;
-  const int head_block = rest % p.head_blocks;
-  rest /= p.head_blocks;
-  const int kv_head = rest % p.heads_kv;
-  return {m_block * p.tile_tokens, kv_head * p.group + head_block * p.tile_heads, kv_head,
-          rest / p.heads_kv, split};
+  Mqa512WorkTile w;
+  w.split = split;
+  w.q_start = w.k_start = 0;
+  w.shape = {p.seqlen_q, p.seqlen_k, p.causal, p.window_left};
+  int m_block = 0;  // varlen: the schedule slot's
+  if (p.varlen_tiles == nullptr) {
+    m_block = p.num_m_blocks - 1 - t % p.num_m_blocks;
+    t /= p.num_m_blocks;
+  }
+  const int head_block = t % p.head_blocks;
+  t /= p.head_blocks;
+  w.kv_head = t % p.heads_kv;
+  w.head0 = w.kv_head * p.group + head_block * p.tile_heads;
+  t /= p.heads_kv;
+  w.batch = t;  // varlen: the schedule slot
+  if (p.varlen_tiles != nullptr) {
+    const VarlenTile tile = p.varlen_tiles[t];
+    m_block = tile.m_block;
+    w.batch = 0;
+    w.shape.seqlen_q = w.shape.seqlen_k = 0;
+    if (tile.batch >= 0) {
+      const VarlenSequence seq = p.varlen_sequences[tile.batch];
+      w.q_start = seq.q_start;
+      w.k_start = seq.k_start;
+      w.shape.seqlen_q = seq.seqlen_q;
+      w.shape.seqlen_k = seq.seqlen_k;
+    }
+  }
+  w.tok0 = m_block * p.tile_tokens;
+  return w;
 }
 
 // The key tiles [begin, end) of the work tile's sequence that split `split` visits.
@@ -132,9 +158,10 @@ __device__ __forceinline__ int mqa512_closed_rows(const Mqa512Sm90Params& p, int
 }
 
 __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm90Params& p,
-                                                                 int tok0, int block_n) {
+                                                                 const Mqa512WorkTile& w,
+                                                                 int block_n) {
   Mqa512KeySegments k;
-  k.kv = visible_key_tiles(p, tok0, p.tile_tokens, block_n);
+  k.kv = visible_key_tiles(w.shape, w.tok0, p.tile_tokens, block_n);
   k.num_kv = p.use_kv ? k.kv.end - k.kv.first : 0;
   if (p.compress_ratio == 0) {
     k.num_c = 0;
@@ -168,7 +195,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
-  const int num_work = p.num_m_blocks * p.head_blocks * p.heads_kv * p.batch * p.num_splits;
+  const int num_work = p.num_work;
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
@@ -195,7 +222,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
     for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
       const Mqa512WorkTile w = mqa512_decode_tile(p, work);
-      const Mqa512KeySegments seg = mqa512_key_segments(p, w.tok0, kBlockN);
+      const Mqa512KeySegments seg = mqa512_key_segments(p, w, kBlockN);
       const Mqa512SplitRange range = mqa512_split_range(seg.num_kv + seg.num_c, w.split,
                                                         p.num_splits);
       if (range.begin == range.end) continue;  // the consumers write the empty rows, no loads
@@ -203,8 +230,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
         ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
         for (int cb = 0; cb < kColBlocks; ++cb) {  // box (64 dims, tile_tokens, tile_heads)
-          ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64, w.tok0,
-                           w.head0, w.batch);
+          ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
+                           w.q_start + w.tok0, w.head0, w.batch);
         }
       }
       ++q_round;
@@ -220,7 +247,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           const int slot0 = (it - seg.num_kv) * kBlockN;
           const int closed = mqa512_closed_rows(p, seg.kv.pos_lo);  // one token per CSA tile
           const int* listed =
-              p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.tok0) * p.topk_k;
+              p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start + w.tok0) * p.topk_k;
           const Element* base = static_cast<const Element*>(p.compressed) + w.batch * p.c_batch_stride;
           const uint32_t tile = ptx::smem_addr(&s.kv[stage][0][0][0]);
           for (int row = 0; row < kBlockN; ++row) {
@@ -240,7 +267,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         } else {
           if (lane == 0) {
             const CUtensorMap* map = compressed ? &tmap_c : &tmap_kv;
-            const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
+            const int n0 = compressed ? (it - seg.num_kv) * kBlockN
+                                      : w.k_start + (seg.kv.first + it) * kBlockN;
             ptx::mbarrier_arrive_expect_tx(full, T::kTileBytes);
             for (int cb = 0; cb < kColBlocks; ++cb) {
               ptx::tma_load_4d(ptx::smem_addr(&s.kv[stage][cb][0][0]), map, full, cb * 64, n0,
@@ -266,7 +294,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   const int col_lane = 2 * (lane % 4);
   const int frag_row = warp * 16 + lane / 4;
   Mqa512KeySegments seg{};
-  int tok0 = 0, batch = 0;
+  Mqa512WorkTile w{};
 
   float o[128];      // this warpgroup's 256 columns of O
   float row_max[2];  // running max of scale * log2(e) * s
@@ -316,7 +344,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     const bool csa = compressed && p.topk != nullptr;
     if (csa) {  // one token per tile: mask by listed slot
       const int closed = mqa512_closed_rows(p, seg.kv.pos_lo);
-      const int* listed = p.topk + (static_cast<long long>(batch) * p.seqlen_q + tok0) * p.topk_k;
+      const int* listed =
+          p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start + w.tok0) * p.topk_k;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
@@ -330,11 +359,12 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     }
     const bool needs_mask =
         !csa && (compressed ? n0 + kBlockN > mqa512_closed_rows(p, seg.kv.pos_lo)
-                            : key_tile_needs_mask(p, seg.kv, n0, kBlockN));
+                            : key_tile_needs_mask(w.shape, seg.kv, n0, kBlockN));
     if (needs_mask) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int pos = tok0 + (frag_row + 8 * i) % p.tile_tokens + p.seqlen_k - p.seqlen_q;
+        const int pos =
+            w.tok0 + (frag_row + 8 * i) % p.tile_tokens + w.shape.seqlen_k - w.shape.seqlen_q;
         const int closed = compressed ? mqa512_closed_rows(p, pos) : 0;
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
@@ -342,7 +372,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           for (int c = 0; c < 2; ++c) {
             const int key = n0 + 8 * j + col_lane + c;
             const bool visible = compressed ? key < closed
-                                            : key_visible(p, key, pos);
+                                            : key_visible(w.shape, key, pos);
             if (!visible) sacc[4 * j + 2 * i + c] = neg_inf;
           }
         }
@@ -353,10 +383,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
 
   int kv_iter = 0, q_round = 0;  // as in the producer
   for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
-    const Mqa512WorkTile w = mqa512_decode_tile(p, work);
-    tok0 = w.tok0;
-    seg = mqa512_key_segments(p, w.tok0, kBlockN);
-    batch = w.batch;
+    w = mqa512_decode_tile(p, work);
+    seg = mqa512_key_segments(p, w, kBlockN);
     const Mqa512SplitRange range = mqa512_split_range(seg.num_kv + seg.num_c, w.split,
                                                       p.num_splits);
     const int num_tiles = range.end - range.begin;  // this split's key tiles
@@ -427,13 +455,14 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = frag_row + 8 * i;
-      const int token = tok0 + row % p.tile_tokens, head = w.head0 + row / p.tile_tokens;
+      const int token = w.tok0 + row % p.tile_tokens, head = w.head0 + row / p.tile_tokens;
       const bool has_sink = p.sinks != nullptr && !split;
       float inv, lse;
       finish_row(row_sum[i], row_max[i], has_sink, has_sink ? p.sinks[head] * kLog2e : 0.f, inv,
                  lse);
-      if (token < p.seqlen_q) {
-        const size_t out_row = (static_cast<size_t>(w.batch) * p.seqlen_q + token) * p.heads_q + head;
+      if (token < w.shape.seqlen_q) {
+        const size_t out_token = static_cast<size_t>(w.batch) * p.seqlen_q + w.q_start + token;
+        const size_t out_row = out_token * p.heads_q + head;
         if (split) {
           const size_t part_row = static_cast<size_t>(w.split) * p.batch * p.seqlen_q * p.heads_q + out_row;
           float* dst = p.o_partial + part_row * T::kHeadDim + wg * 256;
@@ -451,7 +480,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           *reinterpret_cast<uint32_t*>(out + out_row * T::kHeadDim + wg * 256 + 8 * j + col_lane) = packed;
         }
         if (wg == 0 && lane % 4 == 0) {
-          p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head) * p.seqlen_q + token] = lse;
+          p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head) * p.seqlen_q + w.q_start + token] = lse;
         }
       }
     }

@@ -2,19 +2,27 @@
 // launcher and the kernel).
 #pragma once
 
+#include "attention/varlen_schedule.h"
+
 namespace dsv4 {
 
+// A varlen call is indexed as one batch of total_q query rows (out (1, total_q, Hq, 512), lse
+// (1, Hq, total_q), tensor maps over (1, total, H, 512)); each work tile takes its sequence's
+// rows and lengths from the schedule (csrc/attention/varlen_schedule.h).
 struct Mqa512Sm90Params {
   void* out;           // (B, Sq, Hq, 512), contiguous, q's dtype
   float* lse;          // (B, Hq, Sq), contiguous
   const float* sinks;  // (Hq,) or nullptr
-  int batch, seqlen_q, seqlen_k;
+  int batch, seqlen_q, seqlen_k;  // varlen: 1, total_q, total_k
   int heads_q, heads_kv;
   int group;           // Hq / Hkv: query head h reads KV head h / group
   // A 64-row tile packs tile_tokens tokens x tile_heads query heads of one KV head
   // (row = head * tile_tokens + token); head_blocks tiles cover a group's heads.
   int tile_tokens, tile_heads, head_blocks;
-  int num_m_blocks;    // ceil(Sq / tile_tokens)
+  int num_m_blocks;    // dense: ceil(Sq / tile_tokens); varlen: the schedule's slots
+  int num_work;        // num_m_blocks * head_blocks * heads_kv * batch * num_splits
+  const VarlenTile* varlen_tiles;  // nullptr: dense
+  const VarlenSequence* varlen_sequences;
   float scale_log2;    // scale * log2(e), > 0
   // Segment 1, the rows of kv: every key with key_visible(causal, window_left) (fmha;
   // dsv4_attention's window W is causal with window_left W - 1). use_kv = 0: no kv keys.

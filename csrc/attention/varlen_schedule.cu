@@ -1,0 +1,42 @@
+// Host side of the varlen work schedule: the buffers and the one-CTA build kernel's launch.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include "attention/varlen_schedule.cuh"
+#include "common/sm90_host.h"
+
+namespace dsv4 {
+
+VarlenScheduleBuffers build_varlen_schedule(const at::Tensor& cu_seqlens_q,
+                                            const at::Tensor& cu_seqlens_k, int64_t total_q,
+                                            int64_t total_k, int tokens_per_tile,
+                                            int keys_per_tile, bool causal, int64_t window_left) {
+  static_assert(sizeof(VarlenSequence) == 16 && sizeof(VarlenTile) == 8, "int32 layout");
+  const int64_t batch = cu_seqlens_q.size(0) - 1;
+  VarlenScheduleBuffers s;
+  s.capacity = varlen_tile_capacity(total_q, batch, tokens_per_tile);
+  // One int32 buffer: sequences (4 ints each, 16-byte aligned), tiles (2 ints), tile_start.
+  s.storage = at::empty({4 * batch + 2 * s.capacity + batch}, cu_seqlens_q.options().dtype(at::kInt));
+  int* base = s.storage.data_ptr<int>();
+  VarlenScheduleParams p;
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
+  p.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
+  p.batch = static_cast<int>(batch);
+  p.total_q = static_cast<int>(total_q);
+  p.total_k = static_cast<int>(total_k);
+  p.tokens_per_tile = tokens_per_tile;
+  p.keys_per_tile = keys_per_tile;
+  p.causal = causal ? 1 : 0;
+  p.window_left = static_cast<int>(window_left);
+  p.capacity = static_cast<int>(s.capacity);
+  p.sequences = reinterpret_cast<VarlenSequence*>(base);
+  p.tiles = reinterpret_cast<VarlenTile*>(base + 4 * batch);
+  p.tile_start = base + 4 * batch + 2 * s.capacity;
+  s.sequences = p.sequences;
+  s.tiles = p.tiles;
+  varlen_schedule_kernel<<<1, kVarlenScheduleThreads, 0, at::cuda::getCurrentCUDAStream()>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return s;
+}
+
+}  // namespace dsv4

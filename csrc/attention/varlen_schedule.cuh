@@ -1,0 +1,128 @@
+// Builds a varlen call's work schedule (csrc/attention/varlen_schedule.h) in one CTA on the
+// device: the clamped sequences, then every (sequence, query tile) ordered by the key tiles it
+// sees, most first. Sorting by cost is the longest-processing-time rule: with one CTA per work
+// tile launched in order, the long tails of long sequences start first instead of last.
+// A counting sort into cost buckets orders the tiles; ties land in atomic order, which moves
+// no result (each tile is computed alone).
+#pragma once
+
+#include "attention/key_range.cuh"
+#include "attention/varlen_schedule.h"
+
+namespace dsv4 {
+
+constexpr int kVarlenScheduleThreads = 1024;
+constexpr int kVarlenCostBuckets = 2 * kVarlenScheduleThreads;  // key tiles, the last one open
+
+namespace varlen_detail {
+
+// Exclusive prefix sum over the CTA of one value per thread; `total` gets the sum.
+__device__ __forceinline__ int block_exclusive_scan(int value, int& total, int* warp_sums) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = value;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, d);
+    if (lane >= d) inclusive += other;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_sums[lane];  // kVarlenScheduleThreads / 32 == 32 warps
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int other = __shfl_up_sync(0xffffffffu, w, d);
+      if (lane >= d) w += other;
+    }
+    warp_sums[lane] = w;
+  }
+  __syncthreads();
+  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + inclusive - value;
+  total = warp_sums[31];
+  __syncthreads();  // warp_sums is reused by the next scan
+  return before;
+}
+
+// The sequence that holds flat tile i: the last b with tile_start[b] <= i.
+__device__ __forceinline__ int sequence_of(const int* tile_start, int batch, int i) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_start[mid] <= i) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ int clamp_row(int v, int lo, int hi) { return min(max(v, lo), hi); }
+
+}  // namespace varlen_detail
+
+__global__ void __launch_bounds__(kVarlenScheduleThreads, 1)
+    varlen_schedule_kernel(const VarlenScheduleParams p) {
+  using namespace varlen_detail;
+  static_assert(kVarlenScheduleThreads == 32 * 32, "block_exclusive_scan: 32 warps");
+  __shared__ int bucket_next[kVarlenCostBuckets];  // tile count, then next free slot
+  __shared__ int warp_sums[32];
+  const int tid = threadIdx.x;
+  for (int i = tid; i < kVarlenCostBuckets; i += kVarlenScheduleThreads) bucket_next[i] = 0;
+
+  // 1. Sequences clamped into the tensors, and each one's first tile.
+  int num_tiles = 0;
+  for (int base = 0; base < p.batch; base += kVarlenScheduleThreads) {
+    const int b = base + tid;
+    int tiles = 0;
+    if (b < p.batch) {
+      const int q0 = clamp_row(p.cu_seqlens_q[b], 0, p.total_q);
+      const int q1 = clamp_row(p.cu_seqlens_q[b + 1], q0, p.total_q);
+      const int k0 = clamp_row(p.cu_seqlens_k[b], 0, p.total_k);
+      const int k1 = clamp_row(p.cu_seqlens_k[b + 1], k0, p.total_k);
+      p.sequences[b] = {q0, q1 - q0, k0, k1 - k0};
+      tiles = (q1 - q0 + p.tokens_per_tile - 1) / p.tokens_per_tile;
+    }
+    int chunk_tiles;
+    const int before = block_exclusive_scan(tiles, chunk_tiles, warp_sums);
+    if (b < p.batch) p.tile_start[b] = num_tiles + before;
+    num_tiles += chunk_tiles;
+  }
+  const int n = min(num_tiles, p.capacity);  // more only with cu_seqlens past their bounds
+  __syncthreads();  // sequences and tile_start, written above, are read by other threads
+
+  auto cost_bucket = [&](int i, int& b, int& m_block) {
+    b = sequence_of(p.tile_start, p.batch, i);
+    m_block = i - p.tile_start[b];
+    const VarlenSequence s = p.sequences[b];
+    const KeyShape shape{s.seqlen_q, s.seqlen_k, p.causal, p.window_left};
+    const KeyTiles t =
+        visible_key_tiles(shape, m_block * p.tokens_per_tile, p.tokens_per_tile, p.keys_per_tile);
+    return min(t.end - t.first, kVarlenCostBuckets - 1);
+  };
+
+  // 2. Tiles per cost bucket.
+  for (int i = tid; i < n; i += kVarlenScheduleThreads) {
+    int b, m_block;
+    atomicAdd(&bucket_next[cost_bucket(i, b, m_block)], 1);
+  }
+  __syncthreads();
+
+  // 3. Each bucket's first slot, the costliest bucket first: thread t owns buckets
+  // top - 2t and top - 2t - 1.
+  {
+    const int hi = kVarlenCostBuckets - 1 - 2 * tid, lo = hi - 1;
+    const int count_hi = bucket_next[hi], count_lo = bucket_next[lo];
+    int total;
+    const int before = block_exclusive_scan(count_hi + count_lo, total, warp_sums);
+    bucket_next[hi] = before;
+    bucket_next[lo] = before + count_hi;
+  }
+  __syncthreads();
+
+  // 4. Place every tile, and mark the unused slots.
+  for (int i = tid; i < n; i += kVarlenScheduleThreads) {
+    int b, m_block;
+    const int slot = atomicAdd(&bucket_next[cost_bucket(i, b, m_block)], 1);
+    p.tiles[slot] = {b, m_block};
+  }
+  for (int i = n + tid; i < p.capacity; i += kVarlenScheduleThreads) p.tiles[i] = {-1, 0};
+}
+
+}  // namespace dsv4

@@ -1,0 +1,38 @@
+// The work schedule of a varlen attention call, built on the device by
+// csrc/attention/varlen_schedule.cuh so that no host sync reads cu_seqlens. Host and device, no
+// torch.
+#pragma once
+
+#include <cstdint>
+
+namespace dsv4 {
+
+// One sequence, clamped into the packed tensors: its first row and length on each side.
+struct alignas(16) VarlenSequence {  // one 16-byte load
+  int q_start, seqlen_q, k_start, seqlen_k;
+};
+
+// One query tile of one sequence; batch < 0 marks the unused slots after the last tile.
+struct alignas(8) VarlenTile {
+  int batch, m_block;
+};
+
+struct VarlenScheduleParams {
+  const int* cu_seqlens_q;  // (batch + 1,) int32, trusted: each read is clamped into
+  const int* cu_seqlens_k;  // [0, total], so bad contents give wrong rows, never a stray access
+  int batch, total_q, total_k;
+  int tokens_per_tile, keys_per_tile;  // the kernel's query tile and key tile
+  int causal, window_left;             // for each tile's cost: the key tiles it sees
+  int capacity;                        // slots in `tiles` (varlen_tile_capacity)
+  VarlenSequence* sequences;           // [batch]
+  int* tile_start;                     // [batch] scratch: each sequence's first tile
+  VarlenTile* tiles;                   // [capacity]: every query tile, the costliest first
+};
+
+// An upper bound on the query tiles of all sequences, from shapes only:
+// sum ceil(len / t) <= (total + batch (t - 1)) / t.
+inline int64_t varlen_tile_capacity(int64_t total_q, int64_t batch, int tokens_per_tile) {
+  return (total_q + batch * (tokens_per_tile - 1)) / tokens_per_tile;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,107 @@
+// Host side of the sm90 fmha kernel shared by its two translation units (dense calls in
+// fmha_sm90.cu, varlen calls in fmha_sm90_varlen.cu, compiled in parallel): the grid choice,
+// tensor maps from the tensors' real strides, and the launch.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/sm90_host.h"
+#include "fmha/fmha.h"
+#include "fmha/fmha_sm90_kernel.cuh"
+
+namespace dsv4 {
+
+// A persistent grid (one CTA per SM, static stride over work tiles) overlaps each CTA's next Q
+// load with its last PV and epilogue: that pays when a work tile has few key tiles (measured:
+// non-causal Sk = 1k, +10-15%). A static stride balances only equal work tiles, so causal and
+// windowed calls, and long Sk where the per-tile overhead is amortised, get one CTA per work
+// tile and the hardware's dynamic scheduling (benchmarks/NOTES.md has the timings).
+// DSV4_FMHA_GRID=persistent|per_tile overrides the choice, for timing the variants.
+// Varlen work tiles are unequal by nature: one CTA each, in the schedule's costliest-first order.
+inline bool use_persistent_grid(const FmhaCall& c) {
+  const char* grid = std::getenv("DSV4_FMHA_GRID");
+  if (grid != nullptr && std::strcmp(grid, "persistent") == 0) return true;
+  if (grid != nullptr && std::strcmp(grid, "per_tile") == 0) return false;
+  constexpr int64_t kMaxPersistentSeqlenK = 4096;
+  return !c.varlen && !c.causal && c.window_left < 0 && c.seqlen_k <= kMaxPersistentSeqlenK;
+}
+
+// Varlen tensors (total, H, D) are described as one batch, (1, total, H, D).
+inline at::Tensor as_bshd(const FmhaCall& c, const at::Tensor& t) { return c.varlen ? t.unsqueeze(0) : t; }
+
+template <typename Element, int kHeadDim, bool kVarlen>
+void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
+  using T = FmhaSm90Traits<Element, kHeadDim>;
+  auto kernel = fmha_sm90_kernel<Element, kHeadDim, kVarlen>;
+  // Per function and device; cheap, so set on every launch rather than tracking devices.
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(T::kSmemBytes)));
+  const CUtensorMap tq = make_tensor_map_bshd("fmha", as_bshd(c, c.q), "q", T::kBlockM);
+  const CUtensorMap tk = make_tensor_map_bshd("fmha", as_bshd(c, c.k), "k", T::kBlockN);
+  const CUtensorMap tv = make_tensor_map_bshd("fmha", as_bshd(c, c.v), "v", T::kBlockN);
+
+  FmhaSm90Params p;
+  p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.sinks = c.sinks ? c.sinks->data_ptr<float>() : nullptr;
+  p.batch = static_cast<int>(c.batch);
+  p.seqlen_q = static_cast<int>(c.seqlen_q);
+  p.seqlen_k = static_cast<int>(c.seqlen_k);
+  p.heads_q = static_cast<int>(c.heads_q);
+  p.group = static_cast<int>(c.heads_q / c.heads_kv);
+  p.num_m_blocks = static_cast<int>((c.seqlen_q + T::kBlockM - 1) / T::kBlockM);
+  p.scale_log2 = static_cast<float>(c.scale * 1.4426950408889634);
+  p.causal = c.causal ? 1 : 0;
+  p.window_left = static_cast<int>(c.window_left);
+  p.num_work = p.num_m_blocks * p.heads_q * p.batch;
+  p.varlen_tiles = nullptr;
+  p.varlen_sequences = nullptr;
+  VarlenScheduleBuffers schedule;  // alive until the kernel is queued
+  if constexpr (kVarlen) {
+    schedule = build_varlen_schedule(*c.cu_seqlens_q, *c.cu_seqlens_k, c.q.size(0), c.k.size(0),
+                                     T::kBlockM, T::kBlockN, c.causal, c.window_left);
+    p.batch = 1;
+    p.seqlen_q = static_cast<int>(c.q.size(0));
+    p.seqlen_k = static_cast<int>(c.k.size(0));
+    p.num_m_blocks = 0;
+    p.num_work = static_cast<int>(schedule.capacity * c.heads_q);
+    p.varlen_tiles = schedule.tiles;
+    p.varlen_sequences = schedule.sequences;
+  }
+
+  const int64_t num_work = p.num_work;
+  const dim3 grid(static_cast<unsigned>(
+      use_persistent_grid(c) ? std::min<int64_t>(num_work, device_info(c.q.get_device()).num_sms)
+                             : num_work));
+  kernel<<<grid, T::kThreads, T::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Every head_dim and element type of one kind of call (dense or varlen).
+template <bool kVarlen>
+void dispatch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
+  const bool bf16 = c.q.scalar_type() == at::kBFloat16;
+  switch (c.head_dim) {
+    case 64:
+      return bf16 ? launch<__nv_bfloat16, 64, kVarlen>(c, out, lse)
+                  : launch<__half, 64, kVarlen>(c, out, lse);
+    case 128:
+      return bf16 ? launch<__nv_bfloat16, 128, kVarlen>(c, out, lse)
+                  : launch<__half, 128, kVarlen>(c, out, lse);
+    case 256:
+      return bf16 ? launch<__nv_bfloat16, 256, kVarlen>(c, out, lse)
+                  : launch<__half, 256, kVarlen>(c, out, lse);
+    default:
+      TORCH_CHECK(false, "fmha: the sm90 kernel has no head_dim ", c.head_dim);
+  }
+}
+
+void fmha_sm90_varlen(const FmhaCall& c, at::Tensor& out, at::Tensor& lse);
+
+}  // namespace dsv4
