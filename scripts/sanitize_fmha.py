@@ -76,3 +76,23 @@ for d, hq, hkv in ((128, 8, 2), (512, 64, 1)):
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: varlen sm90 paths ran, outputs finite")
+
+# Varlen dsv4_attention: HCA (TMA rows at each sequence's compressed offset) and CSA (gathered
+# rows, local indices with -1 padding and out-of-range values).
+lens_q, lens_kv = [3, 0, 70, 1], [200, 5, 70, 900]
+lens_c = [n // 4 for n in lens_kv]
+cu = lambda lens: torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)  # noqa: E731
+q = torch.randn(sum(lens_q), 64, 512, device="cuda", dtype=torch.bfloat16)
+kv = torch.randn(sum(lens_kv), 512, device="cuda", dtype=torch.bfloat16)
+comp = torch.randn(sum(lens_c), 512, device="cuda", dtype=torch.bfloat16)
+kw = dict(sinks=torch.randn(64, device="cuda"), compressed_kv=comp, compress_ratio=4,
+          cu_seqlens_q=cu(lens_q), cu_seqlens_kv=cu(lens_kv), cu_seqlens_compressed=cu(lens_c),
+          max_seqlen_q=70, max_seqlen_kv=900)
+for topk in (None, torch.randint(-1, 240, (sum(lens_q), 80), device="cuda", dtype=torch.int32)):
+    if topk is not None:
+        kw["topk_indices"] = topk
+    assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "sm90"
+    out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: varlen dsv4_attention (HCA, CSA) sm90 path ran, outputs finite")

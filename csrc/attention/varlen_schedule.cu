@@ -10,13 +10,19 @@ namespace dsv4 {
 VarlenScheduleBuffers build_varlen_schedule(const at::Tensor& cu_seqlens_q,
                                             const at::Tensor& cu_seqlens_k, int64_t total_q,
                                             int64_t total_k, int tokens_per_tile,
-                                            int keys_per_tile, bool causal, int64_t window_left) {
-  static_assert(sizeof(VarlenSequence) == 16 && sizeof(VarlenTile) == 8, "int32 layout");
+                                            int keys_per_tile, bool causal, int64_t window_left,
+                                            const at::Tensor* cu_seqlens_c, int64_t total_c) {
+  static_assert(sizeof(VarlenSequence) == 16 && sizeof(VarlenTile) == 8 &&
+                    sizeof(VarlenRows) == 8,
+                "int32 layout");
   const int64_t batch = cu_seqlens_q.size(0) - 1;
   VarlenScheduleBuffers s;
   s.capacity = varlen_tile_capacity(total_q, batch, tokens_per_tile);
-  // One int32 buffer: sequences (4 ints each, 16-byte aligned), tiles (2 ints), tile_start.
-  s.storage = at::empty({4 * batch + 2 * s.capacity + batch}, cu_seqlens_q.options().dtype(at::kInt));
+  // One int32 buffer: sequences (4 ints each, 16-byte aligned), tiles (2 ints), rows_c (2 ints,
+  // with cu_seqlens_c), tile_start.
+  const int64_t c_ints = cu_seqlens_c != nullptr ? 2 * batch : 0;
+  s.storage = at::empty({4 * batch + 2 * s.capacity + c_ints + batch},
+                        cu_seqlens_q.options().dtype(at::kInt));
   int* base = s.storage.data_ptr<int>();
   VarlenScheduleParams p;
   p.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
@@ -31,9 +37,15 @@ VarlenScheduleBuffers build_varlen_schedule(const at::Tensor& cu_seqlens_q,
   p.capacity = static_cast<int>(s.capacity);
   p.sequences = reinterpret_cast<VarlenSequence*>(base);
   p.tiles = reinterpret_cast<VarlenTile*>(base + 4 * batch);
-  p.tile_start = base + 4 * batch + 2 * s.capacity;
+  p.cu_seqlens_c = cu_seqlens_c != nullptr ? cu_seqlens_c->data_ptr<int>() : nullptr;
+  p.total_c = static_cast<int>(total_c);
+  p.rows_c = cu_seqlens_c != nullptr
+                 ? reinterpret_cast<VarlenRows*>(base + 4 * batch + 2 * s.capacity)
+                 : nullptr;
+  p.tile_start = base + 4 * batch + 2 * s.capacity + c_ints;
   s.sequences = p.sequences;
   s.tiles = p.tiles;
+  s.rows_c = p.rows_c;
   varlen_schedule_kernel<<<1, kVarlenScheduleThreads, 0, at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return s;

@@ -77,6 +77,10 @@ __global__ void __launch_bounds__(kVarlenScheduleThreads, 1)
       const int k0 = clamp_row(p.cu_seqlens_k[b], 0, p.total_k);
       const int k1 = clamp_row(p.cu_seqlens_k[b + 1], k0, p.total_k);
       p.sequences[b] = {q0, q1 - q0, k0, k1 - k0};
+      if (p.cu_seqlens_c != nullptr) {
+        const int c0 = clamp_row(p.cu_seqlens_c[b], 0, p.total_c);
+        p.rows_c[b] = {c0, clamp_row(p.cu_seqlens_c[b + 1], c0, p.total_c) - c0};
+      }
       tiles = (q1 - q0 + p.tokens_per_tile - 1) / p.tokens_per_tile;
     }
     int chunk_tiles;

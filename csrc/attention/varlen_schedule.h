@@ -12,6 +12,11 @@ struct alignas(16) VarlenSequence {  // one 16-byte load
   int q_start, seqlen_q, k_start, seqlen_k;
 };
 
+// A third set of rows of one sequence (dsv4_attention's compressed KV), clamped likewise.
+struct alignas(8) VarlenRows {
+  int start, len;
+};
+
 // One query tile of one sequence; batch < 0 marks the unused slots after the last tile.
 struct alignas(8) VarlenTile {
   int batch, m_block;
@@ -27,6 +32,9 @@ struct VarlenScheduleParams {
   VarlenSequence* sequences;           // [batch]
   int* tile_start;                     // [batch] scratch: each sequence's first tile
   VarlenTile* tiles;                   // [capacity]: every query tile, the costliest first
+  const int* cu_seqlens_c;             // nullptr, or a third set of rows (batch + 1,), trusted
+  int total_c;
+  VarlenRows* rows_c;                  // [batch] when cu_seqlens_c is given
 };
 
 // An upper bound on the query tiles of all sequences, from shapes only:

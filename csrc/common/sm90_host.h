@@ -38,11 +38,15 @@ struct VarlenScheduleBuffers {
   at::Tensor storage;
   const VarlenSequence* sequences = nullptr;
   const VarlenTile* tiles = nullptr;
+  const VarlenRows* rows_c = nullptr;  // with cu_seqlens_c
   int64_t capacity = 0;  // slots in tiles
 };
+// cu_seqlens_c (optional, int32 like the others): a third set of rows per sequence.
 VarlenScheduleBuffers build_varlen_schedule(const at::Tensor& cu_seqlens_q,
                                             const at::Tensor& cu_seqlens_k, int64_t total_q,
                                             int64_t total_k, int tokens_per_tile,
-                                            int keys_per_tile, bool causal, int64_t window_left);
+                                            int keys_per_tile, bool causal, int64_t window_left,
+                                            const at::Tensor* cu_seqlens_c = nullptr,
+                                            int64_t total_c = 0);
 
 }  // namespace dsv4

@@ -71,6 +71,7 @@ Mqa512Sm90Params make_params(const Mqa512Shape& s, double scale, at::Tensor& out
   p.o_partial = p.lse_partial = nullptr;
   p.varlen_tiles = nullptr;
   p.varlen_sequences = nullptr;
+  p.varlen_compressed = nullptr;
   return p;
 }
 
@@ -219,17 +220,44 @@ void mqa512_sm90(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
            max_key_tiles, out, lse);
 }
 
-// ---- dsv4_attention: dense sliding-only, HCA and CSA layers. CSA gathers per token, so it
-// needs one token per tile: a multiple of 64 query heads.
+// ---- dsv4_attention: sliding-only, HCA and CSA layers, dense or varlen. CSA gathers per
+// token, so it needs one token per tile: a multiple of 64 query heads.
+namespace {
+
+// Varlen tensors as one batch: q (1, total_q, Hq, D), kv and compressed_kv (1, total, 1, D).
+at::Tensor q_bshd(const Dsv4Call& c) { return c.varlen ? c.q.unsqueeze(0) : c.q; }
+at::Tensor rows_bshd(const Dsv4Call& c, const at::Tensor& t) {
+  return c.varlen ? one_head(t.unsqueeze(0)) : one_head(t);
+}
+// Compressed rows that exist: dense Sc > 0, varlen total_c > 0.
+bool has_compressed(const Dsv4Call& c) {
+  return c.compressed_kv.has_value() &&
+         (c.varlen ? c.compressed_kv->size(0) > 0 : c.seqlen_compressed > 0);
+}
+
+}  // namespace
+
 bool mqa512_sm90_covers(const Dsv4Call& c) {
-  if (c.varlen) return false;
   if (c.topk_indices.has_value() && c.heads % kRows != 0) return false;
   if (c.q.scalar_type() != at::kBFloat16 && c.q.scalar_type() != at::kHalf) return false;
-  if (!covers_shape(c.q, shape_of(c), c.head_dim, c.scale)) return false;
-  if (!tma_compatible(c.q) || !tma_compatible(one_head(c.kv))) return false;
-  if (c.compressed_kv && c.seqlen_compressed > 0 && !tma_compatible(one_head(*c.compressed_kv))) {
+  if (c.varlen) {
+    // Packed rows (plus a tile past the end) are int; an empty q or kv has no memory to
+    // describe. The schedule's slots bound the work tiles: check them as Sq of one sequence.
+    constexpr int64_t kMaxRows = std::numeric_limits<int>::max() / 2;
+    const int64_t total_q = c.q.size(0), total_kv = c.kv.size(0);
+    const int64_t total_c = c.compressed_kv ? c.compressed_kv->size(0) : 0;
+    if (total_q < 1 || total_kv < 1 || total_q > kMaxRows || total_kv > kMaxRows) return false;
+    if (total_c > kMaxRows || c.heads < 1) return false;
+    const int64_t tile_tokens = kRows / std::min<int64_t>(c.heads, kRows);
+    const int64_t slots = varlen_tile_capacity(total_q, c.batch, static_cast<int>(tile_tokens));
+    if (!covers_shape(c.q, {1, slots * tile_tokens, total_kv, c.heads, 1}, c.head_dim, c.scale)) {
+      return false;
+    }
+  } else if (!covers_shape(c.q, shape_of(c), c.head_dim, c.scale)) {
     return false;
   }
+  if (!tma_compatible(q_bshd(c)) || !tma_compatible(rows_bshd(c, c.kv))) return false;
+  if (has_compressed(c) && !tma_compatible(rows_bshd(c, *c.compressed_kv))) return false;
   return true;
 }
 
@@ -239,24 +267,44 @@ void mqa512_sm90(const Dsv4Call& c, at::Tensor& out, at::Tensor& lse) {
   p.use_kv = c.window > 0 ? 1 : 0;
   p.causal = 1;
   p.window_left = static_cast<int>(std::max<int64_t>(c.window - 1, 0));
-  const bool has_c = c.compressed_kv && c.seqlen_compressed > 0;
+  const bool has_c = has_compressed(c);
   at::Tensor topk;  // kept alive until the launch
   if (has_c) {
     p.compress_ratio = static_cast<int>(c.compress_ratio);
-    p.seqlen_c = static_cast<int>(c.seqlen_compressed);
+    p.seqlen_c = static_cast<int>(c.varlen ? c.compressed_kv->size(0) : c.seqlen_compressed);
     if (c.topk_indices) {
       topk = c.topk_indices->contiguous();
       p.topk = topk.data_ptr<int>();
       p.topk_k = static_cast<int>(c.topk);
       p.compressed = c.compressed_kv->data_ptr();
-      p.c_batch_stride = c.compressed_kv->stride(0);
-      p.c_row_stride = c.compressed_kv->stride(1);
+      p.c_batch_stride = c.varlen ? 0 : c.compressed_kv->stride(0);
+      p.c_row_stride = c.compressed_kv->stride(c.varlen ? 0 : 1);
     }
   }
+  VarlenScheduleBuffers schedule;  // alive until the kernel is queued
+  if (c.varlen) {
+    schedule = build_varlen_schedule(*c.cu_seqlens_q, *c.cu_seqlens_kv, c.q.size(0), c.kv.size(0),
+                                     p.tile_tokens, static_cast<int>(kKeysPerTile), true,
+                                     p.window_left, has_c ? &*c.cu_seqlens_compressed : nullptr,
+                                     has_c ? c.compressed_kv->size(0) : 0);
+    p.batch = 1;
+    p.seqlen_q = static_cast<int>(c.q.size(0));
+    p.seqlen_k = static_cast<int>(c.kv.size(0));
+    p.num_m_blocks = static_cast<int>(schedule.capacity);
+    p.varlen_tiles = schedule.tiles;
+    p.varlen_sequences = schedule.sequences;
+    p.varlen_compressed = schedule.rows_c;
+  }
+  // Split-KV plan bound (shapes only): the window's tiles and the compressed rows one query
+  // can see, at most (longest kv) / r of them for HCA.
   int64_t max_key_tiles = std::min(tiles_of(c.seqlen_kv), tiles_of(c.window + 64) + 1);
-  if (has_c) max_key_tiles += c.topk_indices ? tiles_of(c.topk) : tiles_of(c.seqlen_compressed);
-  dispatch("dsv4_attention", p, c.q, one_head(c.kv),
-           has_c && !c.topk_indices ? one_head(*c.compressed_kv) : at::Tensor(),
+  if (has_c) {
+    max_key_tiles += c.topk_indices ? tiles_of(c.topk)
+                     : c.varlen      ? tiles_of(c.seqlen_kv / c.compress_ratio)
+                                     : tiles_of(c.seqlen_compressed);
+  }
+  dispatch("dsv4_attention", p, q_bshd(c), rows_bshd(c, c.kv),
+           has_c && !c.topk_indices ? rows_bshd(c, *c.compressed_kv) : at::Tensor(),
            /*short_work_tiles=*/true,  // a window and (compressed) rows: a few tiles each
            max_key_tiles, out, lse);
 }

@@ -96,6 +96,7 @@ struct Mqa512Sm90Traits {
 struct Mqa512WorkTile {
   int tok0, head0, kv_head, batch, split;
   int q_start, k_start;  // the sequence's first row of q/out and of kv (0 for dense)
+  int c_start, seqlen_c;  // and its compressed rows: first row and count
   KeyShape shape;        // its lengths; 0 for an unused schedule slot (no rows, no keys)
 };
 
@@ -104,7 +105,8 @@ __device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Par
   t /= p.num_splits;
   Mqa512WorkTile w;
   w.split = split;
-  w.q_start = w.k_start = 0;
+  w.q_start = w.k_start = w.c_start = 0;
+  w.seqlen_c = p.seqlen_c;
   w.shape = {p.seqlen_q, p.seqlen_k, p.causal, p.window_left};
   int m_block = 0;  // varlen: the schedule slot's
   if (p.varlen_tiles == nullptr) {
@@ -121,13 +123,18 @@ __device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Par
     const VarlenTile tile = p.varlen_tiles[t];
     m_block = tile.m_block;
     w.batch = 0;
-    w.shape.seqlen_q = w.shape.seqlen_k = 0;
+    w.shape.seqlen_q = w.shape.seqlen_k = w.seqlen_c = 0;
     if (tile.batch >= 0) {
       const VarlenSequence seq = p.varlen_sequences[tile.batch];
       w.q_start = seq.q_start;
       w.k_start = seq.k_start;
       w.shape.seqlen_q = seq.seqlen_q;
       w.shape.seqlen_k = seq.seqlen_k;
+      if (p.varlen_compressed != nullptr) {
+        const VarlenRows c = p.varlen_compressed[tile.batch];
+        w.c_start = c.start;
+        w.seqlen_c = c.len;
+      }
     }
   }
   w.tok0 = m_block * p.tile_tokens;
@@ -153,8 +160,9 @@ struct Mqa512KeySegments {
   int num_kv, num_c;
 };
 
-__device__ __forceinline__ int mqa512_closed_rows(const Mqa512Sm90Params& p, int pos) {
-  return min(p.seqlen_c, max(pos + 1, 0) / p.compress_ratio);
+__device__ __forceinline__ int mqa512_closed_rows(const Mqa512Sm90Params& p,
+                                                  const Mqa512WorkTile& w, int pos) {
+  return min(w.seqlen_c, max(pos + 1, 0) / p.compress_ratio);
 }
 
 __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm90Params& p,
@@ -168,7 +176,7 @@ __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm9
   } else if (p.topk != nullptr) {
     k.num_c = (p.topk_k + block_n - 1) / block_n;  // listed slots, 64 per tile
   } else {
-    k.num_c = (mqa512_closed_rows(p, k.kv.pos_hi) + block_n - 1) / block_n;
+    k.num_c = (mqa512_closed_rows(p, w, k.kv.pos_hi) + block_n - 1) / block_n;
   }
   return k;
 }
@@ -245,10 +253,11 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           // Gather: lane l copies 16-byte chunks l and l + 32 of each listed row into the
           // swizzled [8][64][64] layout a TMA box would have written.
           const int slot0 = (it - seg.num_kv) * kBlockN;
-          const int closed = mqa512_closed_rows(p, seg.kv.pos_lo);  // one token per CSA tile
+          const int closed = mqa512_closed_rows(p, w, seg.kv.pos_lo);  // one token per CSA tile
           const int* listed =
               p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start + w.tok0) * p.topk_k;
-          const Element* base = static_cast<const Element*>(p.compressed) + w.batch * p.c_batch_stride;
+          const Element* base = static_cast<const Element*>(p.compressed) +
+                                w.batch * p.c_batch_stride + w.c_start * p.c_row_stride;
           const uint32_t tile = ptx::smem_addr(&s.kv[stage][0][0][0]);
           for (int row = 0; row < kBlockN; ++row) {
             const int src_row = mqa512_listed_row(listed, p.topk_k, closed, slot0 + row);
@@ -267,7 +276,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         } else {
           if (lane == 0) {
             const CUtensorMap* map = compressed ? &tmap_c : &tmap_kv;
-            const int n0 = compressed ? (it - seg.num_kv) * kBlockN
+            const int n0 = compressed ? w.c_start + (it - seg.num_kv) * kBlockN
                                       : w.k_start + (seg.kv.first + it) * kBlockN;
             ptx::mbarrier_arrive_expect_tx(full, T::kTileBytes);
             for (int cb = 0; cb < kColBlocks; ++cb) {
@@ -343,7 +352,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
     const bool csa = compressed && p.topk != nullptr;
     if (csa) {  // one token per tile: mask by listed slot
-      const int closed = mqa512_closed_rows(p, seg.kv.pos_lo);
+      const int closed = mqa512_closed_rows(p, w, seg.kv.pos_lo);
       const int* listed =
           p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start + w.tok0) * p.topk_k;
 #pragma unroll
@@ -358,14 +367,14 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       }
     }
     const bool needs_mask =
-        !csa && (compressed ? n0 + kBlockN > mqa512_closed_rows(p, seg.kv.pos_lo)
+        !csa && (compressed ? n0 + kBlockN > mqa512_closed_rows(p, w, seg.kv.pos_lo)
                             : key_tile_needs_mask(w.shape, seg.kv, n0, kBlockN));
     if (needs_mask) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int pos =
             w.tok0 + (frag_row + 8 * i) % p.tile_tokens + w.shape.seqlen_k - w.shape.seqlen_q;
-        const int closed = compressed ? mqa512_closed_rows(p, pos) : 0;
+        const int closed = compressed ? mqa512_closed_rows(p, w, pos) : 0;
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll

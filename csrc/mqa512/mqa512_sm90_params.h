@@ -23,6 +23,7 @@ struct Mqa512Sm90Params {
   int num_work;        // num_m_blocks * head_blocks * heads_kv * batch * num_splits
   const VarlenTile* varlen_tiles;  // nullptr: dense
   const VarlenSequence* varlen_sequences;
+  const VarlenRows* varlen_compressed;  // varlen dsv4_attention: each sequence's compressed rows
   float scale_log2;    // scale * log2(e), > 0
   // Segment 1, the rows of kv: every key with key_visible(causal, window_left) (fmha;
   // dsv4_attention's window W is causal with window_left W - 1). use_kv = 0: no kv keys.
@@ -30,7 +31,8 @@ struct Mqa512Sm90Params {
   int causal;          // bottom-right aligned
   int window_left;     // < 0: no window
   // Segment 2 (dsv4_attention HCA), the rows of compressed_kv, (B, seqlen_c, 1, 512): row w is
-  // visible to the query at position t iff w < min(seqlen_c, (t + 1) / compress_ratio).
+  // visible to the query at position t iff w < min(seqlen_c, (t + 1) / compress_ratio). Varlen:
+  // (1, total_c, 1, 512), each sequence's rows from the schedule.
   int compress_ratio;  // 0: no compressed rows
   int seqlen_c;
   // CSA instead of HCA: only the rows listed in topk (B, Sq, topk_k) int32, contiguous, that are
