@@ -93,6 +93,11 @@ def sweep(quick: bool) -> List[Shape]:
     # Decode: one query per sequence against an 8k cache; K + V = 4 GiB in bf16, so the
     # time is set by HBM bandwidth, not by launch overhead or L2.
     shapes.append(Shape(64, 1, 8192, 16, 16, 128, False))
+    # GQA/MQA decode, from one sequence (split-KV territory) to large batches.
+    shapes.append(Shape(1, 1, 8192, 32, 8, 128, False))
+    if not quick:
+        shapes += [Shape(32, 1, 8192, 32, 8, 128, False), Shape(8, 1, 32768, 64, 8, 128, False),
+                   Shape(128, 1, 8192, 16, 1, 256, False), Shape(1, 1, 131072, 32, 8, 128, False)]
     return shapes
 
 

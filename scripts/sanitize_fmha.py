@@ -96,3 +96,13 @@ for topk in (None, torch.randint(-1, 240, (sum(lens_q), 80), device="cuda", dtyp
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: varlen dsv4_attention (HCA, CSA) sm90 path ran, outputs finite")
+
+# Split-KV at D <= 256: a GQA decode step of one sequence (32 work tiles over 132 SMs).
+q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(1, 3000, 8, 128, device="cuda", dtype=torch.bfloat16)
+v = torch.randn_like(k)
+out, lse = dsv4_attn.fmha(q, k, v, causal=True, sinks=torch.randn(32, device="cuda"),
+                          return_lse=True)
+torch.cuda.synchronize()
+assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: D = 128 split-KV decode ran, outputs finite")

@@ -244,3 +244,22 @@ def test_fmha_sm90_cuda_graph_replay(causal):
         graph.replay()
         want_out, want_lse = dsv4_attn.fmha(*fresh, causal=causal, sinks=sinks, return_lse=True)
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+# (Sq, Sk, Hq, Hkv, window): decode and short queries, whose few work tiles the launcher splits
+# over the key range (csrc/attention/split_kv.h) unless DSV4_SPLIT_KV pins the count.
+DECODE_CASES = [(1, 8192, 32, 8, -1), (2, 1, 8, 1, -1), (4, 3000, 8, 8, -1),
+                (8, 20000, 4, 1, -1), (1, 131072, 8, 1, -1), (2, 5000, 16, 2, 1000)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("splits", ["plan", "1", "3"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("sq,sk,hq,hkv,window", DECODE_CASES)
+def test_fmha_sm90_decode_split_kv(monkeypatch, splits, d, sq, sk, hq, hkv, window):
+    """Oracle parity, poisoned outputs and bitwise determinism with the planned split count,
+    with no split, and with 3 splits (the sink folds in once, in the combine)."""
+    if splits != "plan":
+        monkeypatch.setenv("DSV4_SPLIT_KV", splits)
+    check_case(1, sq, sk, hq, hkv, d, True, window, True,
+               seed=hash((sq, sk, hq, d, splits)) % (2 ** 31))

@@ -46,4 +46,16 @@ __device__ __forceinline__ bool key_visible(const Params& p, int key, int pos) {
          (p.window_left < 0 || key >= pos - p.window_left);
 }
 
+// Split-KV (csrc/attention/split_kv.h): the tiles [begin, end) of a work tile's num_tiles key
+// tiles that split `split` of num_splits visits; equal ranges, the last ones possibly empty.
+struct SplitRange {
+  int begin, end;
+};
+
+__device__ __forceinline__ SplitRange split_key_range(int num_tiles, int split, int num_splits) {
+  const int per = (num_tiles + num_splits - 1) / num_splits;
+  const int begin = min(split * per, num_tiles);
+  return {begin, min(begin + per, num_tiles)};
+}
+
 }  // namespace dsv4

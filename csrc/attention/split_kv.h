@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 namespace dsv4 {
 
@@ -17,6 +18,16 @@ inline int split_kv_count(int64_t work_tiles, int64_t max_key_tiles, int num_sms
   const int64_t by_sms = num_sms / work_tiles;
   const int64_t by_keys = max_key_tiles / min_tiles_per_split;
   return static_cast<int>(std::max<int64_t>(1, std::min({by_sms, by_keys, max_splits})));
+}
+
+// The plan a launcher uses: split_kv_count, or DSV4_SPLIT_KV=N (capped by the key tiles) to force
+// N splits, for tests and timing variants.
+inline int split_kv_plan(int64_t work_tiles, int64_t max_key_tiles, int num_sms) {
+  if (const char* forced = std::getenv("DSV4_SPLIT_KV")) {
+    return static_cast<int>(
+        std::clamp<int64_t>(std::atoll(forced), 1, std::max<int64_t>(max_key_tiles, 1)));
+  }
+  return split_kv_count(work_tiles, max_key_tiles, num_sms);
 }
 
 // Each split leaves its rows normalised by its own softmax sum (no sink) and that sum's lse;

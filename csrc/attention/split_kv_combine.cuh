@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "attention/split_kv.h"
 #include "ptx/math.cuh"
 
@@ -15,8 +17,11 @@ constexpr int kSplitKvCombineWarps = 8;  // rows per 256-thread block
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(32 * kSplitKvCombineWarps)
     split_kv_combine_kernel(const SplitKvCombineParams p) {
-  static_assert(kHeadDim % 128 == 0, "a lane owns whole float4 groups");
-  constexpr int kVec = kHeadDim / 128;  // float4s per lane
+  static_assert(kHeadDim % 64 == 0, "a lane owns whole float2 or float4 groups");
+  // Each lane owns kVec groups of kWidth floats (float4, or float2 at head_dim 64).
+  constexpr int kWidth = kHeadDim % 128 == 0 ? 4 : 2;
+  constexpr int kVec = kHeadDim / (32 * kWidth);
+  using Group = std::conditional_t<kWidth == 4, float4, float2>;
   const int row = blockIdx.x * kSplitKvCombineWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= p.rows) return;
   const int head = row % p.heads, token = (row / p.heads) % p.seqlen_q;
@@ -25,9 +30,12 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps)
 
   float m = p.sinks != nullptr ? p.sinks[head] : neg_inf;
   for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.lse_partial[static_cast<size_t>(s) * p.rows + row]);
-  float4 acc[kVec];
+  float acc[kVec][kWidth];
 #pragma unroll
-  for (int v = 0; v < kVec; ++v) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int v = 0; v < kVec; ++v) {
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) acc[v][e] = 0.f;
+  }
   float z = 0.f, lse = neg_inf;
   if (m != neg_inf) {  // else nothing visible and no sink: out 0, lse -inf
     z = p.sinks != nullptr ? expf(p.sinks[head] - m) : 0.f;
@@ -35,15 +43,14 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps)
       const float w = expf(p.lse_partial[static_cast<size_t>(s) * p.rows + row] - m);
       if (w == 0.f) continue;  // a split with no visible key (lse -inf)
       z += w;
-      const float4* src = reinterpret_cast<const float4*>(
+      const Group* src = reinterpret_cast<const Group*>(
           p.o_partial + (static_cast<size_t>(s) * p.rows + row) * kHeadDim);
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        const float4 x = src[lane + 32 * v];
-        acc[v].x = fmaf(w, x.x, acc[v].x);
-        acc[v].y = fmaf(w, x.y, acc[v].y);
-        acc[v].z = fmaf(w, x.z, acc[v].z);
-        acc[v].w = fmaf(w, x.w, acc[v].w);
+        const Group x = src[lane + 32 * v];
+        const float* xs = reinterpret_cast<const float*>(&x);
+#pragma unroll
+        for (int e = 0; e < kWidth; ++e) acc[v][e] = fmaf(w, xs[e], acc[v][e]);
       }
     }
     lse = m + logf(z);
@@ -52,9 +59,13 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps)
   Element* out = static_cast<Element*>(p.out) + static_cast<size_t>(row) * kHeadDim;
 #pragma unroll
   for (int v = 0; v < kVec; ++v) {
-    const uint2 packed = make_uint2(ptx::pack2<Element>(acc[v].x * inv, acc[v].y * inv),
-                                    ptx::pack2<Element>(acc[v].z * inv, acc[v].w * inv));
-    *reinterpret_cast<uint2*>(out + 4 * (lane + 32 * v)) = packed;
+    Element* dst = out + kWidth * (lane + 32 * v);
+    if constexpr (kWidth == 4) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(ptx::pack2<Element>(acc[v][0] * inv, acc[v][1] * inv),
+                                                  ptx::pack2<Element>(acc[v][2] * inv, acc[v][3] * inv));
+    } else {
+      *reinterpret_cast<uint32_t*>(dst) = ptx::pack2<Element>(acc[v][0] * inv, acc[v][1] * inv);
+    }
   }
   if (lane == 0) p.lse[(static_cast<size_t>(batch) * p.heads + head) * p.seqlen_q + token] = lse;
 }

@@ -32,6 +32,13 @@
 // tile j. Both roles count ring positions (kv_iter) and Q loads (q_round) across work tiles,
 // and both skip a work tile that sees no key; its consumers then write the empty rows.
 //
+// Varlen (the kVarlen instantiations): the tensor maps see the packed tensors as one batch and
+// each work tile takes its sequence's rows and lengths from a schedule built on the device
+// (csrc/attention/varlen_schedule.cuh); a tile past its sequence's end loads the next one's
+// rows, which the masks exclude and the epilogue never stores.
+// Split-KV (dense): when the work tiles cannot fill the SMs, each one's key tiles are cut into
+// num_splits ranges (work = tile * num_splits + split); a split writes fp32 partial rows and
+// their lse, and the combine kernel (csrc/attention/split_kv_combine.cuh) folds in the sink.
 // Masking: key tiles that no row of the CTA can see (causal, window, past Sk) are never
 // loaded; only tiles that straddle a boundary are masked element by element. Rows that see
 // nothing end with out = 0 and lse = -inf, or the sink-only value when a sink is given.
@@ -103,6 +110,7 @@ struct FmhaSm90Traits {
 // would hold registers through the mainloop, which the D = 64 and 128 consumers do not have.
 struct WorkTile {
   int m_block, head, batch;  // batch: the index into the tensors' batch dim (0 for varlen)
+  int split;                 // dense split-KV: which range of the key tiles (0 without)
   int q_start, k_start;      // the sequence's first row of q/out and of k/v (0 for dense)
   KeyShape shape;            // varlen: its lengths; 0 for an unused schedule slot
 };
@@ -111,7 +119,7 @@ template <bool kVarlen>
 __device__ __forceinline__ WorkTile decode_tile(const FmhaSm90Params& p, int t) {
   if constexpr (kVarlen) {
     const VarlenTile tile = p.varlen_tiles[t / p.heads_q];
-    WorkTile w{tile.m_block, t % p.heads_q, 0, 0, 0, {0, 0, p.causal, p.window_left}};
+    WorkTile w{tile.m_block, t % p.heads_q, 0, 0, 0, 0, {0, 0, p.causal, p.window_left}};
     if (tile.batch >= 0) {
       const VarlenSequence seq = p.varlen_sequences[tile.batch];
       w.q_start = seq.q_start;
@@ -121,10 +129,20 @@ __device__ __forceinline__ WorkTile decode_tile(const FmhaSm90Params& p, int t) 
     }
     return w;
   } else {
+    const int split = t % p.num_splits;  // a work tile's splits are neighbours
+    t /= p.num_splits;
     const int head_batch = t / p.num_m_blocks;
     return {p.num_m_blocks - 1 - t % p.num_m_blocks, head_batch % p.heads_q,
-            head_batch / p.heads_q, 0, 0, {}};
+            head_batch / p.heads_q, split, 0, 0, {}};
   }
+}
+
+// The key tiles a work tile's split visits, with the row facts of the whole tile (its mask).
+__device__ __forceinline__ KeyTiles split_tiles(KeyTiles tiles, int split, int num_splits) {
+  const SplitRange r = split_key_range(tiles.end - tiles.first, split, num_splits);
+  tiles.end = tiles.first + r.end;
+  tiles.first += r.begin;
+  return tiles;
 }
 
 // Sets the scores of the keys that row0 + {0, 8} cannot see to -inf in the tile starting at key
@@ -188,8 +206,9 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
         const WorkTile w = decode_tile<kVarlen>(p, work);
         const int m0 = w.m_block * kBlockM, kv_head = w.head / p.group;
-        const KeyTiles tiles = kVarlen ? visible_key_tiles(w.shape, m0, kBlockM, kBlockN)
-                                       : visible_key_tiles(p, m0, kBlockM, kBlockN);
+        const KeyTiles tiles =
+            kVarlen ? visible_key_tiles(w.shape, m0, kBlockM, kBlockN)
+                    : split_tiles(visible_key_tiles(p, m0, kBlockM, kBlockN), w.split, p.num_splits);
         const int num_tiles = tiles.end - tiles.first;
         if (num_tiles == 0) continue;  // consumers write the empty rows without loads
         // Q is released once the consumers' last QK^T of the previous work tile has landed,
@@ -294,8 +313,10 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       const WorkTile w = decode_tile<kVarlen>(p, work);
       const int m0 = w.m_block * kBlockM;
       shape = w.shape;
+      // The producer derives the same tiles (its split of them) for this work tile.
       tiles = kVarlen ? visible_key_tiles(shape, m0, kBlockM, kBlockN)
-                      : visible_key_tiles(p, m0, kBlockM, kBlockN);
+                      : split_tiles(visible_key_tiles(p, m0, kBlockM, kBlockN), w.split,
+                                    p.num_splits);
       row0 = m0 + wg * 64 + warp * 16 + lane / 4;
     }
     const int num_tiles = tiles.end - tiles.first;
@@ -369,12 +390,32 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       ++q_round;
     }
 
-    // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse. The
+    // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse; a
+    // split stores its normalised rows in fp32 and their lse without the sink instead. The
     // work tile is decoded again, so that its fields held no registers through the mainloop.
     constexpr float kLog2e = 1.4426950408889634f;
     const WorkTile w = decode_tile<kVarlen>(p, work);
     const int head = w.head, batch = w.batch;
     const int seqlen_q = kVarlen ? w.shape.seqlen_q : p.seqlen_q;
+    const size_t token0 = static_cast<size_t>(batch) * p.seqlen_q + w.q_start + row0;
+    if (!kVarlen && p.num_splits > 1) {  // rows of the split-major [splits][B * Sq * Hq] partials
+      const size_t part0 = static_cast<size_t>(w.split) * p.batch * p.seqlen_q * p.heads_q;
+  #pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float inv, lse;
+        finish_row(row_sum[i], row_max[i], false, 0.f, inv, lse);
+        if (row0 + 8 * i < seqlen_q) {
+          const size_t part_row = part0 + (token0 + 8 * i) * p.heads_q + head;
+  #pragma unroll
+          for (int j = 0; j < kHeadDim / 8; ++j) {
+            *reinterpret_cast<float2*>(p.o_partial + part_row * kHeadDim + 8 * j + col_lane) =
+                make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+          }
+          if (lane % 4 == 0) p.lse_partial[part_row] = lse;
+        }
+      }
+      continue;
+    }
     const float sink_log2 = p.sinks != nullptr ? p.sinks[head] * kLog2e : neg_inf;
     Element* out = static_cast<Element*>(p.out);
   #pragma unroll
@@ -383,8 +424,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       finish_row(row_sum[i], row_max[i], p.sinks != nullptr, sink_log2, inv, lse);
       const int row = row0 + 8 * i;
       if (row < seqlen_q) {
-        const size_t token = static_cast<size_t>(batch) * p.seqlen_q + w.q_start + row;
-        const size_t row_offset = (token * p.heads_q + head) * kHeadDim;
+        const size_t row_offset = ((token0 + 8 * i) * p.heads_q + head) * kHeadDim;
   #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
           const uint32_t packed = ptx::pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);

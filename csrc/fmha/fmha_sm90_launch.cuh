@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attention/split_kv.h"
+#include "attention/split_kv_combine.cuh"
 #include "common/sm90_host.h"
 #include "fmha/fmha.h"
 #include "fmha/fmha_sm90_kernel.cuh"
@@ -62,7 +64,12 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   p.num_work = p.num_m_blocks * p.heads_q * p.batch;
   p.varlen_tiles = nullptr;
   p.varlen_sequences = nullptr;
-  VarlenScheduleBuffers schedule;  // alive until the kernel is queued
+  p.num_splits = 1;
+  p.o_partial = p.lse_partial = nullptr;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int num_sms = device_info(c.q.get_device()).num_sms;
+  at::Tensor o_partial, lse_partial;  // split-KV workspace, alive until the combine is queued
+  VarlenScheduleBuffers schedule;     // alive until the kernel is queued
   if constexpr (kVarlen) {
     schedule = build_varlen_schedule(*c.cu_seqlens_q, *c.cu_seqlens_k, c.q.size(0), c.k.size(0),
                                      T::kBlockM, T::kBlockN, c.causal, c.window_left);
@@ -73,14 +80,46 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
     p.num_work = static_cast<int>(schedule.capacity * c.heads_q);
     p.varlen_tiles = schedule.tiles;
     p.varlen_sequences = schedule.sequences;
+  } else {
+    // Split-KV when the work tiles cannot fill the SMs (decode, short queries): the plan
+    // reads shapes only. A work tile sees at most Sk keys, fewer under a window.
+    const int64_t key_tiles = (c.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+    const int64_t max_key_tiles =
+        c.window_left >= 0
+            ? std::min(key_tiles, (c.window_left + T::kBlockM + T::kBlockN - 1) / T::kBlockN + 1)
+            : key_tiles;
+    p.num_splits = split_kv_plan(p.num_work, max_key_tiles, num_sms);
+    if (p.num_splits > 1) {
+      const int64_t rows = c.batch * c.seqlen_q * c.heads_q;
+      o_partial = at::empty({p.num_splits, rows, kHeadDim}, c.q.options().dtype(at::kFloat));
+      lse_partial = at::empty({p.num_splits, rows}, c.q.options().dtype(at::kFloat));
+      p.o_partial = o_partial.data_ptr<float>();
+      p.lse_partial = lse_partial.data_ptr<float>();
+    }
   }
 
-  const int64_t num_work = p.num_work;
+  const int64_t num_work = int64_t(p.num_work) * p.num_splits;
   const dim3 grid(static_cast<unsigned>(
-      use_persistent_grid(c) ? std::min<int64_t>(num_work, device_info(c.q.get_device()).num_sms)
-                             : num_work));
-  kernel<<<grid, T::kThreads, T::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, p);
+      use_persistent_grid(c) ? std::min<int64_t>(num_work, num_sms) : num_work));
+  p.num_work = static_cast<int>(num_work);
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (p.num_splits > 1) {
+    SplitKvCombineParams cp;
+    cp.o_partial = p.o_partial;
+    cp.lse_partial = p.lse_partial;
+    cp.out = out.data_ptr();
+    cp.lse = lse.data_ptr<float>();
+    cp.sinks = p.sinks;
+    cp.splits = p.num_splits;
+    cp.rows = p.batch * p.seqlen_q * p.heads_q;
+    cp.heads = p.heads_q;
+    cp.seqlen_q = p.seqlen_q;
+    const unsigned blocks =
+        static_cast<unsigned>((cp.rows + kSplitKvCombineWarps - 1) / kSplitKvCombineWarps);
+    split_kv_combine_kernel<Element, kHeadDim><<<blocks, 32 * kSplitKvCombineWarps, 0, stream>>>(cp);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 }
 
 // Every head_dim and element type of one kind of call (dense or varlen).

@@ -20,6 +20,13 @@ struct FmhaSm90Params {
   int num_work;        // work tiles: dense num_m_blocks * Hq * B, varlen tile slots * Hq
   const VarlenTile* varlen_tiles;          // nullptr: dense
   const VarlenSequence* varlen_sequences;
+  // Split-KV (dense; csrc/attention/split_kv.h): num_splits > 1 cuts each work tile's key tiles
+  // into that many ranges (work = tile * num_splits + split); each writes its rows to o_partial
+  // [split][row][D] fp32 and lse_partial [split][row] (no sink), row = (b * Sq + t) * Hq + h,
+  // and the combine kernel writes out and lse.
+  int num_splits;
+  float* o_partial;
+  float* lse_partial;
   float scale_log2;    // scale * log2(e), > 0
   int causal;          // bottom-right aligned
   int window_left;     // < 0: no window

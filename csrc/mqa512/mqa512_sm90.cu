@@ -97,11 +97,7 @@ void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::T
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int num_sms = device_info(q.get_device()).num_sms;
   const int64_t tiles = int64_t(p.num_m_blocks) * p.head_blocks * p.heads_kv * p.batch;
-  p.num_splits = split_kv_count(tiles, max_key_tiles, num_sms);
-  // DSV4_SPLIT_KV=N forces N splits (capped by the key tiles), for tests and timing variants.
-  if (const char* forced = std::getenv("DSV4_SPLIT_KV")) {
-    p.num_splits = static_cast<int>(std::clamp<int64_t>(std::atoll(forced), 1, std::max<int64_t>(max_key_tiles, 1)));
-  }
+  p.num_splits = split_kv_plan(tiles, max_key_tiles, num_sms);
   at::Tensor o_partial, lse_partial;  // split-KV workspace, alive until the combine is queued
   if (p.num_splits > 1) {
     const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads_q;

@@ -141,18 +141,6 @@ __device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Par
   return w;
 }
 
-// The key tiles [begin, end) of the work tile's sequence that split `split` visits.
-struct Mqa512SplitRange {
-  int begin, end;
-};
-
-__device__ __forceinline__ Mqa512SplitRange mqa512_split_range(int num_tiles, int split,
-                                                               int num_splits) {
-  const int per = (num_tiles + num_splits - 1) / num_splits;
-  const int begin = min(split * per, num_tiles);
-  return {begin, min(begin + per, num_tiles)};
-}
-
 // The key tiles a work tile visits: kv tiles [kv.first, kv.first + num_kv), then compressed
 // tiles [0, num_c). Producer and consumers derive the same sequence.
 struct Mqa512KeySegments {
@@ -231,8 +219,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
       const Mqa512WorkTile w = mqa512_decode_tile(p, work);
       const Mqa512KeySegments seg = mqa512_key_segments(p, w, kBlockN);
-      const Mqa512SplitRange range = mqa512_split_range(seg.num_kv + seg.num_c, w.split,
-                                                        p.num_splits);
+      const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);
       if (range.begin == range.end) continue;  // the consumers write the empty rows, no loads
       if (lane == 0) {
         ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
@@ -394,8 +381,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
     w = mqa512_decode_tile(p, work);
     seg = mqa512_key_segments(p, w, kBlockN);
-    const Mqa512SplitRange range = mqa512_split_range(seg.num_kv + seg.num_c, w.split,
-                                                      p.num_splits);
+    const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);
     const int num_tiles = range.end - range.begin;  // this split's key tiles
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
