@@ -6,7 +6,9 @@ cuDNN, flash and memory-efficient backends, all measured in one process on one G
     python benchmarks/bench_fmha.py --only-varlen   # the varlen and merge tables alone
 
 FlashAttention-3 is an optional import (fa3_fwd_interface: `source .peers/fmha/env.sh`, see
-../shared/peers/fetch.sh); without it its cells say n/a. After the main table come varlen
+../shared/peers/fetch.sh); without it its cells say n/a. Decode rows (Sq = 1) call FA3's decode
+entry point, flash_attn_with_kvcache, which picks its own split count (flash_attn_func does
+not split: num_splits=1). After the main table come varlen
 rows (mixed-length batches, against FA3's varlen call, one cu_seqlens tensor reused by both)
 and merge_attn_states (the fused kernel against the ATen composition, in % of copy bandwidth).
 
@@ -35,8 +37,9 @@ import common  # noqa: E402  (benchmarks/common.py)
 try:
     from fa3_fwd_interface import flash_attn_func as fa3_func  # noqa: E402
     from fa3_fwd_interface import flash_attn_varlen_func as fa3_varlen_func  # noqa: E402
+    from fa3_fwd_interface import flash_attn_with_kvcache as fa3_kvcache  # noqa: E402
 except ImportError:
-    fa3_func = fa3_varlen_func = None
+    fa3_func = fa3_varlen_func = fa3_kvcache = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOKENS = 16384             # B * S for every prefill shape
@@ -169,9 +172,12 @@ def measure(shape: Shape, dtype: torch.dtype, device, dsv4, args) -> Row:
             row.notes[name] = _short_error(e)
             torch.cuda.empty_cache()
 
+    fa3_call = None
     if fa3_func is not None:
+        fa3_call = ((lambda: fa3_kvcache(q, k, v, causal=shape.causal)) if shape.decode
+                    else (lambda: fa3_func(q, k, v, causal=shape.causal)))
         try:
-            fa3_out = fa3_func(q, k, v, causal=shape.causal)
+            fa3_out = fa3_call()
             fa3_out = fa3_out[0] if isinstance(fa3_out, tuple) else fa3_out
             torch.cuda.synchronize()
             if ours is not None and (fa3_out.float() - ours.float()).abs().max().item() > 5e-2:
@@ -203,7 +209,7 @@ def measure(shape: Shape, dtype: torch.dtype, device, dsv4, args) -> Row:
             row.notes["dsv4"] = _short_error(e)
             torch.cuda.empty_cache()
     if fa3_func is not None and "FA3" not in row.notes:
-        row.ms["FA3"] = common.bench_ms(lambda: fa3_func(q, k, v, causal=shape.causal), **timing)
+        row.ms["FA3"] = common.bench_ms(fa3_call, **timing)
     for name in sdpa_ok:
         try:
             with sdpa_kernel(backends[name]):
