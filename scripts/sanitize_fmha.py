@@ -106,3 +106,15 @@ out, lse = dsv4_attn.fmha(q, k, v, causal=True, sinks=torch.randn(32, device="cu
 torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: D = 128 split-KV decode ran, outputs finite")
+
+# The fused merge_attn_states: 16-byte chunks (dense bf16) and single elements (Dv = 12, fp32
+# varlen layout), with -inf on one side.
+for shape, lse_shape, dtype in (((2, 70, 8, 128), (2, 8, 70), torch.bfloat16),
+                                ((90, 4, 12), (4, 90), torch.float32)):
+    a, b = torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype)
+    la, lb = torch.randn(lse_shape, device="cuda"), torch.randn(lse_shape, device="cuda")
+    la[..., :5] = -float("inf")
+    out, lse = dsv4_attn.merge_attn_states(a, la, b, lb)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: fused merge_attn_states ran, outputs finite")

@@ -263,3 +263,32 @@ def test_dsv4_sm90_varlen_matches_dense_calls(monkeypatch, lens_q, lens_kv, h, w
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     assert (lse - ref_lse)[finite].abs().max().item() < 1e-2
+
+
+def test_dsv4_sm90_varlen_cuda_graph_replay_with_new_lengths():
+    """A varlen HCA prefill captured once: replays follow new cu_seqlens contents (same N and
+    totals) and new data, because the schedule is built on the device."""
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    rand = lambda *s: torch.randn(*s, generator=gen, device="cuda").bfloat16()  # noqa: E731
+    total_q, total_kv, total_c = 300, 600, 150
+    q, kv, comp = rand(total_q, 64, D), rand(total_kv, D), rand(total_c, D)
+    cu_q, cu_kv, cu_c = _cu([100, 0, 200]), _cu([200, 100, 300]), _cu([50, 25, 75])
+    kw = dict(sinks=torch.randn(64, generator=gen, device="cuda"), compressed_kv=comp,
+              compress_ratio=4, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+              cu_seqlens_compressed=cu_c, max_seqlen_q=total_q, max_seqlen_kv=total_kv)
+    dsv4_attn.dsv4_attention(q, kv, **kw)  # warm-up, uncaptured
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
+    for lens_q, lens_kv in (([1, 299, 0], [1, 599, 0]), ([150, 100, 50], [300, 100, 200])):
+        lens_c = [n // 4 for n in lens_kv]
+        lens_c[-1] += total_c - sum(lens_c)  # same total; the extra rows are not yet closed
+        cu_q.copy_(_cu(lens_q))
+        cu_kv.copy_(_cu(lens_kv))
+        cu_c.copy_(_cu(lens_c))
+        for t in (q, kv, comp):
+            t.copy_(torch.randn(t.shape, generator=gen, device="cuda"))
+        graph.replay()
+        want_out, want_lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
