@@ -25,6 +25,12 @@ struct FmhaCall {
   int64_t window_left = -1;
 };
 
+// q/k/v as the sm90 tensor maps describe them, (B, S, H, D): a varlen call's packed
+// (total, H, D) tensors are one batch.
+inline at::Tensor as_bshd(const FmhaCall& c, const at::Tensor& t) {
+  return c.varlen ? t.unsqueeze(0) : t;
+}
+
 FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            std::optional<double> scale, bool causal, int64_t window_left,
                            const std::optional<at::Tensor>& sinks,

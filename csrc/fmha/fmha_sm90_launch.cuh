@@ -34,9 +34,6 @@ inline bool use_persistent_grid(const FmhaCall& c) {
   return !c.varlen && !c.causal && c.window_left < 0 && c.seqlen_k <= kMaxPersistentSeqlenK;
 }
 
-// Varlen tensors (total, H, D) are described as one batch, (1, total, H, D).
-inline at::Tensor as_bshd(const FmhaCall& c, const at::Tensor& t) { return c.varlen ? t.unsqueeze(0) : t; }
-
 template <typename Element, int kHeadDim, bool kVarlen>
 void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   using T = FmhaSm90Traits<Element, kHeadDim>;

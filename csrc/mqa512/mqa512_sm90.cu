@@ -156,8 +156,6 @@ Mqa512Shape shape_of(const FmhaCall& c) {
   return {c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv};
 }
 
-// Varlen tensors (total, H, D) are described as one batch, (1, total, H, D).
-at::Tensor as_bshd(const FmhaCall& c, const at::Tensor& t) { return c.varlen ? t.unsqueeze(0) : t; }
 
 // dsv4_attention's kv (B, Skv, D) and compressed_kv (B, Sc, D) as (B, S, 1, D) views.
 at::Tensor one_head(const at::Tensor& t) { return t.unsqueeze(2); }
