@@ -4,14 +4,17 @@
 # on this build too), compute-sanitizer, the benchmarks and the main command; logs go to $OUT
 # (default ./out); a short summary is printed last.
 #   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-gla-bench] [--no-sanitizer] [--quick-bench]
+#                        [--tests "FILES"]   (only those test files: a development run, not a check)
 # FlashAttention-3 joins bench_dsv4 when .peers/fmha is carried (see ../shared/peers/fetch.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-BENCH=1; FMHA_BENCH=1; GLA_BENCH=1; SANITIZE=1; BENCH_ARGS=()
-for arg in "$@"; do
+BENCH=1; FMHA_BENCH=1; GLA_BENCH=1; SANITIZE=1; BENCH_ARGS=(); TESTS=tests
+while [ $# -gt 0 ]; do
+  arg=$1; shift
   case "$arg" in
+    --tests) TESTS=$1; shift ;;
     --no-bench) BENCH=0 ;;
     --no-fmha-bench) FMHA_BENCH=0 ;;
     --no-gla-bench) GLA_BENCH=0 ;;
@@ -20,6 +23,7 @@ for arg in "$@"; do
     *) echo "unknown option $arg"; exit 2 ;;
   esac
 done
+[ "$TESTS" = tests ] || echo "NOTE: only $TESTS (not the whole suite)"
 [ -f .peers/fmha/env.sh ] && source .peers/fmha/env.sh
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
@@ -41,7 +45,8 @@ DEVICE=$(python3 -c 'import torch; print("torch", torch.__version__, "cuda", tor
 echo "$DEVICE"
 
 step build build.log env DSV4_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace || { echo "build failed"; tail -n 60 "$OUT/build.log"; exit 1; }
-step tests pytest.log python3 -m pytest tests -q --durations=15 -p no:cacheprovider
+# shellcheck disable=SC2086
+step tests pytest.log python3 -m pytest $TESTS -q --durations=15 -p no:cacheprovider
 if [ "$SANITIZE" = 1 ]; then
   sanitize() {  # sanitize TOOL: every sanitizer script under one tool, into one log
     local rc=0 script
@@ -64,7 +69,8 @@ fi
 echo
 echo "================ summary ================"
 echo "$DEVICE"
-echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads')"
+echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads'), serialized wgmma (C7520): $(grep -c C7520 "$OUT/build.log")"
+[ "$TESTS" = tests ] || echo "tests: only $TESTS (not the whole suite)"
 grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -n 20
 for name in build tests memcheck racecheck main bench_fmha bench_gla bench_dsv4; do

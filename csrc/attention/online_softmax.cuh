@@ -11,6 +11,45 @@
 
 namespace dsv4 {
 
+// The exponent base of a row whose running max is `m`: a row that has seen nothing yet (-inf)
+// takes 0, so its 2^(x - base) stays 0 instead of NaN.
+__device__ __forceinline__ float softmax_base(float m) {
+  return m == __int_as_float(0xff800000) ? 0.f : m;
+}
+
+// The largest raw score of each of this thread's two rows, reduced across the quad.
+template <int kCols>
+__device__ __forceinline__ void row_max_scores(const float (&sacc)[kCols / 2], float (&mx)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float m = __int_as_float(0xff800000);
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) m = fmaxf(m, fmaxf(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+    mx[i] = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+  }
+}
+
+// Scores -> 2^(s * scale_log2 - base[row]) in place; `sum` gets this thread's partial row sums.
+template <int kCols>
+__device__ __forceinline__ void exp2_scores(float (&sacc)[kCols / 2], float scale_log2,
+                                            const float (&base)[2], float (&sum)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float e = ptx::exp2_approx(fmaf(sacc[4 * j + 2 * i + c], scale_log2, -base[i]));
+        sacc[4 * j + 2 * i + c] = e;
+        acc += e;
+      }
+    }
+    sum[i] = acc;
+  }
+}
+
 // Folds a score tile (masked entries at -inf) into the running max and sum of the thread's two
 // rows, turns the scores into 2^(x - max), and sets correction[i], the factor the rows of O
 // must be multiplied by before this tile's P V is added.
@@ -18,32 +57,18 @@ template <int kCols>
 __device__ __forceinline__ void online_softmax_update(float (&sacc)[kCols / 2], float scale_log2,
                                                       float (&row_max)[2], float (&row_sum)[2],
                                                       float (&correction)[2]) {
-  const float neg_inf = __int_as_float(0xff800000);
+  float mx[2], base[2], sum[2];
+  row_max_scores<kCols>(sacc, mx);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float mx = neg_inf;
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-      mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    const float new_max = fmaxf(row_max[i], mx * scale_log2);
-    const float base = new_max == neg_inf ? 0.f : new_max;  // a row with nothing visible yet
-    correction[i] = ptx::exp2_approx(row_max[i] - base);
+    const float new_max = fmaxf(row_max[i], mx[i] * scale_log2);
+    base[i] = softmax_base(new_max);
+    correction[i] = ptx::exp2_approx(row_max[i] - base[i]);
     row_max[i] = new_max;
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float e = ptx::exp2_approx(fmaf(sacc[4 * j + 2 * i + c], scale_log2, -base));
-        sacc[4 * j + 2 * i + c] = e;
-        sum += e;
-      }
-    }
-    row_sum[i] = row_sum[i] * correction[i] + sum;
   }
+  exp2_scores<kCols>(sacc, scale_log2, base, sum);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) row_sum[i] = row_sum[i] * correction[i] + sum[i];
 }
 
 // P as the A operand of the next wgmma: the accumulator layout of two 8-column groups is the
@@ -73,16 +98,19 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kCols / 2], const float 
   }
 }
 
-// The end of a row: adds up the quad's partial sums and, with has_sink, folds in the sink
-// (`sink_log2`, in log2 units). Gives the factor O's row is multiplied by, and the row's lse in
-// natural log: 0 and -inf for a row with nothing visible and no sink.
-__device__ __forceinline__ void finish_row(float partial_sum, float row_max, bool has_sink,
-                                           float sink_log2, float& inv, float& lse) {
+// A row's sum from this thread's partial sum: added up across the quad.
+__device__ __forceinline__ float quad_sum(float partial) {
+  partial += __shfl_xor_sync(0xffffffff, partial, 1);
+  return partial + __shfl_xor_sync(0xffffffff, partial, 2);
+}
+
+// The end of a row whose whole sum is `sum` (log2-domain max `row_max`): with has_sink, folds
+// in the sink (`sink_log2`, in log2 units). Gives the factor O's row is multiplied by, and the
+// row's lse in natural log: 0 and -inf for a row with nothing visible and no sink.
+__device__ __forceinline__ void finish_row_sum(float sum, float row_max, bool has_sink,
+                                               float sink_log2, float& inv, float& lse) {
   constexpr float kLn2 = 0.6931471805599453f;
   const float neg_inf = __int_as_float(0xff800000);
-  float sum = partial_sum;
-  sum += __shfl_xor_sync(0xffffffff, sum, 1);
-  sum += __shfl_xor_sync(0xffffffff, sum, 2);
   inv = 0.f;
   lse = neg_inf;
   if (has_sink) {
@@ -95,6 +123,12 @@ __device__ __forceinline__ void finish_row(float partial_sum, float row_max, boo
     inv = 1.f / sum;
     lse = (row_max + __log2f(sum)) * kLn2;
   }
+}
+
+// finish_row_sum from this thread's partial sum.
+__device__ __forceinline__ void finish_row(float partial_sum, float row_max, bool has_sink,
+                                           float sink_log2, float& inv, float& lse) {
+  finish_row_sum(quad_sum(partial_sum), row_max, has_sink, sink_log2, inv, lse);
 }
 
 }  // namespace dsv4

@@ -7,29 +7,45 @@
 // tokens innermost: row = head * tile_tokens + token.
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, warp 0    producer: TMA loads of Q (once per work tile) and of the key tiles
-//                          (64 keys x 512) into a two-stage ring; each tile is read as K and V.
-//                          CSA tiles have no TMA box: the warp gathers their rows with 16-byte
-//                          cp.async (zero-filled where an index is not visible).
-//   warpgroups 1, 2        consumers. The 64 x 512 output is split by columns: warpgroup w
-//                          owns O[:, 256w : 256w + 256]. Both need the whole S = Q K^T, so
-//                          each computes the partial product over its half of head_dim, they
-//                          swap partials through shared memory and add the other's: both then
-//                          hold the same S and run the same online softmax (bitwise equal:
-//                          fp32 addition commutes). O_w += P V[:, 256w : 256w + 256] takes P
-//                          from registers. QK^T of tile j is issued together with PV of tile
-//                          j-1, so the swap and the softmax overlap the PV wgmma.
-// Shared memory: Q [8][64 rows][64], the key ring [2][8][64 keys][64], each [64][64] block one
-// TMA box with the 128-byte swizzle that wgmma reads; the partial-S swap [2][32][128] fp32.
+//                          (64 keys x 512, in two halves of 256 dims) into two stages; each
+//                          tile is read as K and V. CSA tiles have no TMA box: the warp gathers
+//                          their rows with 16-byte cp.async (zero-filled where an index is not
+//                          visible).
+//   warpgroups 1, 2        consumers 0 and 1. Consumer w owns O[:, 256w : 256w + 256] and
+//                          computes S = Q K^T (all 512 dims) for the key tiles of stage w: the
+//                          even tiles of a work tile for w = 0, the odd ones for w = 1. Each
+//                          pair of tiles is one step of the softmax, in order: consumer 0
+//                          folds its S into the row max and publishes it; consumer 1 folds in
+//                          its own (that is the pair's max) and publishes it; consumer 0 then
+//                          rescales its P to that max. Each consumer adds both tiles' P V for
+//                          its columns, the other's P from shared memory (consumer 1's own P
+//                          from registers; consumer 0's own through shared memory too, which
+//                          keeps it under its register budget). While one consumer
+//                          exponentiates, the other's wgmmas run (FlashMLA's "seesaw" schedule
+//                          for sm90 MLA decoding), and each score is exponentiated once.
+// Shared memory: Q [8][64 rows][64] and the two stages [2][8][64 keys][64], each [64][64] block
+// one TMA box with the 128-byte swizzle that wgmma reads; the P tiles [3][64][64] in the same
+// layout; the row maxima [2][64] and row sums [2][2][64] the consumers exchange.
 //
-// Barrier protocol (phase bits flip once per pass over the ring):
-//   q_full        producer arrive.expect_tx(64 KB) + TMA          -> consumers wait
-//   q_empty       every consumer thread after its last QK^T       -> producer, before next Q
-//   kv_full[s]    32 producer-lane arrivals: lane 0's carries expect_tx(64 KB) of a TMA tile;
-//                 for a gather tile each lane arrives after its copies landed and a
-//                 fence.proxy.async (wgmma reads them)       -> consumers, before QK^T
-//   kv_empty[s]   every consumer thread after its PV of the tile  -> producer, before reuse
-//   named barrier 1  both consumer warpgroups stored their partial S; read the other's after it
-//   named barrier 2  both read the previous swap; store the next partial after it
+// Barrier protocol (phase bits flip once per fill; Mqa512Phases carries them across work tiles):
+//   q_full            producer arrive.expect_tx(64 KB) + TMA        -> consumers wait
+//   q_empty           each consumer thread after its last QK^T of the work tile (consumer 1
+//                     of a one-tile work tile at once)            -> producer, before next Q
+//   kv_full[s][h]     32 producer-lane arrivals per half h of stage s: lane 0's carries
+//                     expect_tx(32 KB) of the TMA boxes; for a gather each lane arrives after
+//                     its copies landed and a fence.proxy.async    -> readers of that half
+//   kv_empty[s][h]    half h of stage s is read by consumer s (QK^T) and consumer h (P V):
+//                     128 arrivals when s == h (after consumer s's own P V), else 256
+//                     (consumer s after its QK^T, consumer h after its P V with the other's P)
+//                     -> producer, before refilling the half. Stage s's half s is loaded
+//                     first: its consumer multiplies it first, and it is released first.
+//   named barriers (consumers only, 256 threads; one arrives, the other syncs, once per pair):
+//     kMax0Ready  consumer 0 wrote row_max[0]      kMax1Ready  consumer 1 wrote row_max[1]
+//     kP0Ready    consumer 0 stored p[0]           kP1Ready    consumer 1 stored p[1]
+//     kRowSums    both stored their row sums (a sync for both, once per work tile)
+//     kPOwn0Ready consumer 0's 128 threads stored p_own0 (before its own P V reads it)
+//   The pair order makes each reuse safe: a consumer writes row_max / p for pair i + 1 only
+//   after the other has synced on its pair-i data.
 // Keys come in two segments, walked as one sequence of tiles in one online softmax: the rows
 // of kv (fmha's visibility: causal, window) and, for dsv4_attention, the closed rows of
 // compressed_kv (row w is closed for position t iff w < min(Sc, (t + 1) / r)): all of them
@@ -66,27 +82,42 @@ struct Mqa512Sm90Traits {
   static constexpr int kHeadDim = 512;
   static constexpr int kBlockM = 64;   // packed rows per work tile
   static constexpr int kBlockN = 64;   // keys per tile
-  static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle atoms along head_dim
   static constexpr int kHalfBlocks = kColBlocks / 2;  // each consumer's half of head_dim
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);
-  // The producer gathers CSA rows with 64-bit address arithmetic: 56 registers (ptxas spills
-  // at 40); the consumers fit in 224 without spills.
+  static constexpr uint32_t kHalfTileBytes = kBlockN * kHeadDim / 2 * sizeof(Element);
+  // setmaxnreg moves registers only within the CTA's launch allocation (168 per thread at 384
+  // threads). The producer's CSA gather needs 56 (48 spill), which leaves the consumers 224.
   static constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;
-  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register budget");
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * 168,
+                "register budget: the CTA's launch allocation");
 
   struct alignas(1024) SharedStorage {
     Element q[kColBlocks][kBlockM][64];
-    Element kv[kStages][kColBlocks][kBlockN][64];
-    float partial_s[2][kBlockN / 2][128];  // [warpgroup][accumulator register][thread]
+    // [stage][column block][key][dim]: stage w holds the key tiles consumer w multiplies by Q
+    // (w = 0 the even tiles of a work tile, w = 1 the odd ones).
+    Element kv[2][kColBlocks][kBlockN][64];
+    Element p[2][kBlockM][kBlockN];  // [w]: consumer w's P, for the other consumer's P V
+    Element p_own0[kBlockM][kBlockN];  // consumer 0's P for its own P V (see the consumers)
+    float row_max[2][kBlockM];       // [w]: the running max after consumer w's softmax step
+    float row_sum[2][2][kBlockM];    // [work-tile parity][w]: the sums both consumers need
     uint64_t q_full, q_empty;
-    uint64_t kv_full[kStages], kv_empty[kStages];
+    uint64_t kv_full[2][2], kv_empty[2][2];  // [stage][half of head_dim]
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
+};
+
+// Named barriers between the two consumer warpgroups (256 threads; 0 is __syncthreads).
+enum Mqa512Barrier : uint32_t {
+  kMax0Ready = 1,  // consumer 0 wrote its row max for this pair of key tiles
+  kMax1Ready = 2,  // consumer 1 wrote the pair's row max
+  kP0Ready = 3,    // consumer 0 stored its P, rescaled to the pair's max
+  kP1Ready = 4,    // consumer 1 stored its P
+  kRowSums = 5,    // both stored their row sums at the end of a work tile
+  kPOwn0Ready = 6,  // consumer 0 only (128 threads): all of it stored p_own0
 };
 
 // Work tile t -> its tokens, heads, KV head and split, and its sequence's rows and lengths.
@@ -177,28 +208,51 @@ __device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, 
   return w >= 0 && w < closed ? w : -1;
 }
 
+// The parities barriers are waited on with, carried across a CTA's work tiles in one register
+// (only parities matter): bit s, the fills of stage s so far (s = 0, 1); bit 2, the Q loads;
+// bit 3, the consumers' row-sum buffer.
+struct Mqa512Phases {
+  uint32_t bits = 0;
+  // The parity of the i-th fill of stage s from the start of the current work tile.
+  __device__ __forceinline__ uint32_t stage(int s, int i) const { return ((bits >> s) + i) & 1; }
+  __device__ __forceinline__ uint32_t q() const { return (bits >> 2) & 1; }
+  __device__ __forceinline__ uint32_t sums() const { return (bits >> 3) & 1; }
+  // After a work tile of n key tiles: stage 0 took (n + 1) / 2 of them, stage 1 n / 2.
+  __device__ __forceinline__ void next_work_tile(int n) {
+    bits ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1) | (n > 0 ? 4u : 0u);
+  }
+  __device__ __forceinline__ void flip_sums() { bits ^= 8u; }
+};
+
 template <typename Element>
 __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     mqa512_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
                        const __grid_constant__ CUtensorMap tmap_kv,
                        const __grid_constant__ CUtensorMap tmap_c, const Mqa512Sm90Params p) {
   using T = Mqa512Sm90Traits<Element>;
-  constexpr int kBlockN = T::kBlockN, kStages = T::kStages, kColBlocks = T::kColBlocks;
-  constexpr int kHalf = T::kHalfBlocks;
+  constexpr int kBlockN = T::kBlockN, kColBlocks = T::kColBlocks, kHalf = T::kHalfBlocks;
+  constexpr uint32_t kPair = T::kConsumerThreads;  // named-barrier thread count
   const float neg_inf = __int_as_float(0xff800000);
 
+  // Aligned by offsetting the __shared__ array itself (not through an integer), so the
+  // compiler keeps the shared address space: 32-bit LDS/STS instead of generic accesses.
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+      smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
   const int num_work = p.num_work;
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
+  auto kv_full = [&](int stage, int half) { return ptx::smem_addr(&s.kv_full[stage][half]); };
+  auto kv_empty = [&](int stage, int half) { return ptx::smem_addr(&s.kv_empty[stage][half]); };
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
     ptx::mbarrier_init(q_empty, T::kConsumerThreads);
-    for (int i = 0; i < kStages; ++i) {
-      ptx::mbarrier_init(ptx::smem_addr(&s.kv_full[i]), 32);  // every producer lane
-      ptx::mbarrier_init(ptx::smem_addr(&s.kv_empty[i]), T::kConsumerThreads);
+    for (int stage = 0; stage < 2; ++stage) {
+      for (int half = 0; half < 2; ++half) {
+        ptx::mbarrier_init(kv_full(stage, half), 32);  // every producer lane
+        // Half h of stage w is read by consumer w (Q K^T) and by consumer h (P V).
+        ptx::mbarrier_init(kv_empty(stage, half), stage == half ? 128 : 256);
+      }
     }
     ptx::fence_barrier_init();
   }
@@ -215,126 +269,168 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       ptx::tma_prefetch_descriptor(&tmap_kv);
       if (p.compress_ratio > 0 && p.topk == nullptr) ptx::tma_prefetch_descriptor(&tmap_c);
     }
-    int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
+    Mqa512Phases phases;
     for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
       const Mqa512WorkTile w = mqa512_decode_tile(p, work);
       const Mqa512KeySegments seg = mqa512_key_segments(p, w, kBlockN);
       const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);
-      if (range.begin == range.end) continue;  // the consumers write the empty rows, no loads
+      const int n = range.end - range.begin;
+      if (n == 0) continue;  // the consumers write the empty rows, no loads
       if (lane == 0) {
-        ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
+        ptx::mbarrier_wait(q_empty, phases.q() ^ 1);
         ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
         for (int cb = 0; cb < kColBlocks; ++cb) {  // box (64 dims, tile_tokens, tile_heads)
           ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
                            w.q_start + w.tok0, w.head0, w.batch);
         }
       }
-      ++q_round;
-      for (int it = range.begin; it < range.end; ++it, ++kv_iter) {
-        const int stage = kv_iter % kStages;
-        const uint32_t phase = (kv_iter / kStages) & 1;
-        const uint32_t full = ptx::smem_addr(&s.kv_full[stage]);
-        ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage]), phase ^ 1);
-        const bool compressed = it >= seg.num_kv;
-        if (compressed && p.topk != nullptr) {
-          // Gather: lane l copies 16-byte chunks l and l + 32 of each listed row into the
-          // swizzled [8][64][64] layout a TMA box would have written.
-          const int slot0 = (it - seg.num_kv) * kBlockN;
-          const int closed = mqa512_closed_rows(p, w, seg.kv.pos_lo);  // one token per CSA tile
-          const int* listed =
-              p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start + w.tok0) * p.topk_k;
-          const Element* base = static_cast<const Element*>(p.compressed) +
-                                w.batch * p.c_batch_stride + w.c_start * p.c_row_stride;
-          const uint32_t tile = ptx::smem_addr(&s.kv[stage][0][0][0]);
-          for (int row = 0; row < kBlockN; ++row) {
-            const int src_row = mqa512_listed_row(listed, p.topk_k, closed, slot0 + row);
-            const Element* src = base + static_cast<long long>(max(src_row, 0)) * p.c_row_stride;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int chunk = lane + 32 * h;  // 16-byte chunk of the 1024-byte row
+      // Per work tile: the row where each segment's boxes would start for r = 0 (tile
+      // it = range.begin + r is kv tile seg.kv.first + it, or compressed tile it - num_kv),
+      // and for CSA the token's list, its closed rows and the rows' base.
+      const int kv_row0 = w.k_start + (seg.kv.first + range.begin) * kBlockN;
+      const int c_row0 = w.c_start + (range.begin - seg.num_kv) * kBlockN;
+      const int* listed =
+          p.topk == nullptr ? nullptr
+                            : p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start +
+                                        w.tok0) * p.topk_k;
+      const int closed = mqa512_closed_rows(p, w, seg.kv.pos_lo);  // one token per CSA tile
+      const Element* rows = static_cast<const Element*>(p.compressed) +
+                            w.batch * p.c_batch_stride + w.c_start * p.c_row_stride;
+      const int slot_base = (range.begin - seg.num_kv) * kBlockN;
+      const int kv_tiles = seg.num_kv - range.begin;  // tiles r < kv_tiles are kv rows
+#pragma unroll 1
+      for (int r = 0; r < n; ++r) {
+        const int stage = r & 1;
+        const uint32_t phase = phases.stage(stage, r >> 1);
+        const bool compressed = r >= kv_tiles;
+        // Stage w's consumer multiplies its own half of head_dim first: load that half first.
+#pragma unroll 1
+        for (int k = 0; k < 2; ++k) {
+          const int half = stage ^ k;
+          const uint32_t full = kv_full(stage, half);
+          ptx::mbarrier_wait(kv_empty(stage, half), phase ^ 1);
+          if (compressed && p.topk != nullptr) {
+            // Gather: lane l copies 16-byte chunk 32 half + l of each listed row into the
+            // swizzled [8][64][64] layout a TMA box would have written. Lane l reads the list
+            // entries of rows l and l + 32; the row loop broadcasts them.
+            const uint32_t tile = ptx::smem_addr(&s.kv[stage][0][0][0]);
+            const int chunk = lane + 32 * half;  // of the 1024-byte row
+            const int slot0 = slot_base + r * kBlockN + lane;
+            const int listed_lo = mqa512_listed_row(listed, p.topk_k, closed, slot0);
+            const int listed_hi = mqa512_listed_row(listed, p.topk_k, closed, slot0 + 32);
+#pragma unroll 1
+            for (int row = 0; row < kBlockN; ++row) {
+              const int src_row = __shfl_sync(0xffffffff, row < 32 ? listed_lo : listed_hi, row % 32);
+              const Element* src = rows + static_cast<long long>(max(src_row, 0)) * p.c_row_stride;
               const uint32_t dst = tile + (chunk / 8) * kBlockN * 128 + row * 128 +
                                    (((chunk % 8) ^ (row % 8)) << 4);
               ptx::cp_async_16_zfill(dst, src + chunk * 8, src_row >= 0);
             }
-          }
-          ptx::cp_async_wait_all();
-          ptx::fence_proxy_async_smem();  // wgmma reads what cp.async wrote
-          ptx::mbarrier_arrive(full);
-        } else {
-          if (lane == 0) {
-            const CUtensorMap* map = compressed ? &tmap_c : &tmap_kv;
-            const int n0 = compressed ? w.c_start + (it - seg.num_kv) * kBlockN
-                                      : w.k_start + (seg.kv.first + it) * kBlockN;
-            ptx::mbarrier_arrive_expect_tx(full, T::kTileBytes);
-            for (int cb = 0; cb < kColBlocks; ++cb) {
-              ptx::tma_load_4d(ptx::smem_addr(&s.kv[stage][cb][0][0]), map, full, cb * 64, n0,
-                               compressed ? 0 : w.kv_head, w.batch);
+            ptx::cp_async_wait_all();
+            ptx::fence_proxy_async_smem();  // wgmma reads what cp.async wrote
+            ptx::mbarrier_arrive(full);
+          } else if (lane == 0) {
+            ptx::mbarrier_arrive_expect_tx(full, T::kHalfTileBytes);
+            for (int cb = kHalf * half; cb < kHalf * (half + 1); ++cb) {
+              const uint32_t dst = ptx::smem_addr(&s.kv[stage][cb][0][0]);
+              if (compressed) {
+                ptx::tma_load_4d(dst, &tmap_c, full, cb * 64, c_row0 + r * kBlockN, 0, w.batch);
+              } else {
+                ptx::tma_load_4d(dst, &tmap_kv, full, cb * 64, kv_row0 + r * kBlockN, w.kv_head,
+                                 w.batch);
+              }
             }
           } else {
             ptx::mbarrier_arrive(full);
           }
         }
       }
+      phases.next_work_tile(n);
     }
     return;
   }
 
   // -------------------------------------------------------------------- consumers
   ptx::setmaxnreg_inc<T::kConsumerRegs>();
+  // Consumer wg multiplies Q by the key tiles of stage wg and owns O[:, 256 wg : 256 wg + 256].
+  // Pairs of key tiles (2i in stage 0, 2i + 1 in stage 1) go through one softmax chain:
+  // consumer 0 folds its tile into the row max first, consumer 1 then its own, and each P is
+  // rescaled to the pair's max before the other consumer adds its P V.
   const int wg = warpgroup - 1;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   // Accumulator fragment: this thread holds rows r and r + 8 (r = 16 warp + lane / 4) and in
   // each 8-column group j the columns 8j + 2 (lane % 4) + {0, 1}:
   //   acc[4j + 2i + c] = (row r + 8i, col 8j + 2 (lane % 4) + c).
-  // Both consumer warpgroups cover all 64 rows with the same fragment layout.
   const int col_lane = 2 * (lane % 4);
   const int frag_row = warp * 16 + lane / 4;
   Mqa512KeySegments seg{};
   Mqa512WorkTile w{};
 
-  float o[128];      // this warpgroup's 256 columns of O
-  float row_max[2];  // running max of scale * log2(e) * s
-  float row_sum[2];  // this thread's partial sum of 2^(x - row_max)
+  float o[128];     // this consumer's 256 columns of O
+  float sacc[32];   // S, then P, of this consumer's current key tile
+  uint32_t pfrag[kBlockN / 16][4];
+  float m_run[2] = {neg_inf, neg_inf};  // running max of scale * log2(e) * s, shared by both consumers
+  float l_run[2];   // this thread's partial sum of 2^(x - m_run) over this consumer's tiles
 
-  const uint32_t q_base = ptx::smem_addr(&s.q[wg * kHalf][0][0]);
-
-  // This warpgroup's half of S = Q K^T for the tile in `stage` (issued, not waited on).
-  auto issue_qk = [&](float (&sacc)[kBlockN / 2], int stage) {
-    const uint32_t k_base = ptx::smem_addr(&s.kv[stage][wg * kHalf][0][0]);
+  // Half `half` of S = Q K^T for this consumer's tile (issued, not waited on).
+  auto issue_qk_half = [&](int half, bool overwrite) {
+    const uint32_t q_base = ptx::smem_addr(&s.q[kHalf * half][0][0]);
+    const uint32_t k_base = ptx::smem_addr(&s.kv[wg][kHalf * half][0][0]);
 #pragma unroll
     for (int cb = 0; cb < kHalf; ++cb) {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
         const uint64_t da = ptx::smem_desc_sw128(q_base + cb * T::kBlockM * 128 + kk * 32, 0, 1024);
         const uint64_t db = ptx::smem_desc_sw128(k_base + cb * kBlockN * 128 + kk * 32, 0, 1024);
-        ptx::WgmmaSS<kBlockN, Element>::run(sacc, da, db, (cb | kk) != 0);
+        ptx::WgmmaSS<kBlockN, Element>::run(sacc, da, db, overwrite && (cb | kk) == 0 ? 0 : 1);
       }
     }
   };
-  // O_w += P V_w for the tile in `stage`: the same tile read MN-major (head_dim contiguous),
-  // this warpgroup's 256 columns (four 64-column blocks, kBlockN * 128 bytes apart).
-  auto issue_pv = [&](const uint32_t (&pfrag)[kBlockN / 16][4], int stage) {
-    const uint32_t v_base = ptx::smem_addr(&s.kv[stage][wg * kHalf][0][0]);
+  // O += P V for this consumer's 256 columns of the tile in `stage`, the tile read MN-major
+  // (head_dim contiguous): P from registers (this consumer's tile) or from shared memory (the
+  // other consumer's, stored by it).
+  auto v_desc = [&](int stage, int t) {
+    return ptx::smem_desc_sw128(ptx::smem_addr(&s.kv[stage][wg * kHalf][0][0]) + t * 16 * 128,
+                                kBlockN * 128, 1024);
+  };
+  auto issue_pv_regs = [&]() {
 #pragma unroll
     for (int t = 0; t < kBlockN / 16; ++t) {
-      const uint64_t db = ptx::smem_desc_sw128(v_base + t * 16 * 128, kBlockN * 128, 1024);
-      ptx::WgmmaRS<256, Element, 1>::run(o, pfrag[t], db, 1);
+      ptx::WgmmaRS<256, Element, 1>::run(o, pfrag[t], v_desc(wg, t), 1);
     }
   };
-  // Swap the partial S with the other warpgroup and add its half: afterwards both hold S.
-  int swaps = 0;
-  auto complete_s = [&](float (&sacc)[kBlockN / 2]) {
-    if (swaps++ > 0) ptx::named_barrier_sync(2, T::kConsumerThreads);  // the last swap was read
+  auto issue_pv_smem = [&](const Element (&pt)[T::kBlockM][kBlockN], int stage) {
+    const uint32_t p_base = ptx::smem_addr(&pt[0][0]);
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) s.partial_s[wg][i][tid] = sacc[i];
-    ptx::named_barrier_sync(1, T::kConsumerThreads);
-#pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) sacc[i] += s.partial_s[1 - wg][i][tid];
+    for (int t = 0; t < kBlockN / 16; ++t) {
+      const uint64_t da = ptx::smem_desc_sw128(p_base + t * 32, 0, 1024);
+      ptx::WgmmaSS<256, Element, 1>::run(o, da, v_desc(stage, t), 1);
+    }
   };
-  // Tile `it` of the work tile's key sequence (kv rows, then compressed rows): mask it (boundary
-  // tiles and CSA tiles only), exponentiate in the log2 domain, and set the factor O must be
-  // multiplied by once the previous PV has landed.
-  auto softmax = [&](float (&sacc)[kBlockN / 2], int it, float (&correction)[2]) {
+  // pfrag -> pt, the 128-byte-swizzled K-major layout of a wgmma A operand. Each warp writes
+  // only its own 16 rows.
+  auto store_p = [&](Element (&pt)[T::kBlockM][kBlockN]) {
+    uint8_t* base = reinterpret_cast<uint8_t*>(&pt[0][0]);
+#pragma unroll
+    for (int t = 0; t < kBlockN / 16; ++t) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // pfrag[t][r]: row frag_row + 8 (r % 2), columns 16t + 8 (r / 2) + col_lane
+        const int row = frag_row + 8 * (r % 2), chunk = 2 * t + r / 2;
+        *reinterpret_cast<uint32_t*>(base + row * 128 + ((chunk ^ (row % 8)) << 4) + col_lane * 2) =
+            pfrag[t][r];
+      }
+    }
+  };
+  // The row max written for the other consumer: one lane of each quad.
+  auto publish_max = [&]() {
+    if (lane % 4 == 0) {
+      s.row_max[wg][frag_row] = m_run[0];
+      s.row_max[wg][frag_row + 8] = m_run[1];
+    }
+  };
+  // Tile `it` of the work tile's key sequence (kv rows, then compressed rows): mask it
+  // (boundary tiles and CSA tiles only).
+  auto mask_tile = [&](int it) {
     const bool compressed = it >= seg.num_kv;
     const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
     const bool csa = compressed && p.topk != nullptr;
@@ -374,76 +470,187 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         }
       }
     }
-    online_softmax_update<kBlockN>(sacc, p.scale_log2, row_max, row_sum, correction);
   };
 
-  int kv_iter = 0, q_round = 0;  // as in the producer
+  Mqa512Phases phases;  // as in the producer
   for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
     w = mqa512_decode_tile(p, work);
     seg = mqa512_key_segments(p, w, kBlockN);
     const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);
-    const int num_tiles = range.end - range.begin;  // this split's key tiles
+    const int n = range.end - range.begin;  // this split's key tiles
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
-    row_max[0] = row_max[1] = neg_inf;
-    row_sum[0] = row_sum[1] = 0.f;
+    m_run[0] = m_run[1] = neg_inf;
+    l_run[0] = l_run[1] = 0.f;
 
-    if (num_tiles > 0) {
-      ptx::mbarrier_wait(q_full, q_round & 1);
-      float sacc[kBlockN / 2];
-      uint32_t pfrag[kBlockN / 16][4];
-      float correction[2];
-
-      const int first = kv_iter % kStages;
-      ptx::mbarrier_wait(ptx::smem_addr(&s.kv_full[first]), (kv_iter / kStages) & 1);
-      ptx::wgmma_fence();
-      issue_qk(sacc, first);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
-      if (num_tiles == 1) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
-      complete_s(sacc);
-      softmax(sacc, range.begin, correction);  // O is still 0: no rescale
-      scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
-
-      for (int it = 1; it < num_tiles; ++it) {
-        const int cur = kv_iter + it;
-        const int stage = cur % kStages, prev = (cur - 1) % kStages;
-        ptx::mbarrier_wait(ptx::smem_addr(&s.kv_full[stage]), (cur / kStages) & 1);
+    if (n > 0) {
+      // Q K^T of this consumer's tile r = 2 i + wg (i-th use of its stage in this work tile).
+      // It multiplies its own half of head_dim first (released by its own P V); in between,
+      // `between` runs (consumer 0 releases the other stage there).
+      auto qk_own = [&](int r, auto&& between) {
+        const uint32_t phase = phases.stage(wg, r >> 1);
+        ptx::mbarrier_wait(kv_full(wg, wg), phase);
         ptx::wgmma_fence();
-        issue_qk(sacc, stage);
+        issue_qk_half(wg, true);
         ptx::wgmma_commit();
-        issue_pv(pfrag, prev);
+        between();
+        ptx::mbarrier_wait(kv_full(wg, 1 - wg), phase);
+        ptx::wgmma_fence();  // after a spin-wait, or ptxas serializes every wgmma (C7520)
+        issue_qk_half(1 - wg, false);
         ptx::wgmma_commit();
-        ptx::wgmma_wait<1>();  // this tile's partial S has landed; PV of the last may still run
-#pragma unroll
-        for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
-        if (it == num_tiles - 1) ptx::mbarrier_arrive(q_empty);  // last read of Q
-        complete_s(sacc);
-        softmax(sacc, range.begin + it, correction);
         ptx::wgmma_wait<0>();
 #pragma unroll
-        for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
-        ptx::mbarrier_arrive(ptx::smem_addr(&s.kv_empty[prev]));
-        rescale_rows<256>(o, correction);
-        scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
+        for (int i = 0; i < 32; ++i) ptx::fence_operand(sacc[i]);
+        ptx::mbarrier_arrive(kv_empty(wg, 1 - wg));  // the other half's other reader: the other consumer's P V
+        if (r + 2 >= n) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
+      };
+      ptx::mbarrier_wait(q_full, phases.q());
+      if (wg < n) {
+        qk_own(wg, [] {});
+      } else {
+        ptx::mbarrier_arrive(q_empty);  // consumer 1 of a one-tile work tile reads no Q
       }
 
-      const int last = (kv_iter + num_tiles - 1) % kStages;
-      ptx::wgmma_fence();
-      issue_pv(pfrag, last);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
+      for (int pair = 0; 2 * pair < n; ++pair) {
+        const bool has_odd = 2 * pair + 1 < n;  // consumer 1 has a tile in this pair
+        const uint32_t phase0 = phases.stage(0, pair), phase1 = phases.stage(1, pair);
+        float base[2], factor[2], sum[2];
+        if (wg == 0) {
+          // 1. Fold S into the running max, publish it, exponentiate.
+          float mx[2];
+          mask_tile(range.begin + 2 * pair);
+          row_max_scores<kBlockN>(sacc, mx);
 #pragma unroll
-      for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.kv_empty[last]));
-      kv_iter += num_tiles;
-      ++q_round;
+          for (int i = 0; i < 2; ++i) {
+            const float m_new = fmaxf(m_run[i], mx[i] * p.scale_log2);
+            base[i] = softmax_base(m_new);
+            factor[i] = ptx::exp2_approx(m_run[i] - base[i]);
+            m_run[i] = m_new;
+          }
+          publish_max();
+          ptx::named_barrier_arrive(kMax0Ready, kPair);
+          exp2_scores<kBlockN>(sacc, p.scale_log2, base, sum);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * factor[i] + sum[i];
+          rescale_rows<256>(o, factor);
+          // 2. O += P V for the own tile, with P through shared memory: keeping the fp32 P
+          //    (rescaled below) and its A fragment in registers during this wgmma spilled.
+          scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
+          store_p(s.p_own0);
+          ptx::fence_proxy_async_smem();
+          ptx::named_barrier_sync(kPOwn0Ready, 128);
+          ptx::wgmma_fence();
+          issue_pv_smem(s.p_own0, 0);
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
+          ptx::mbarrier_arrive(kv_empty(0, 0));
+          // 3. The pair's max, from consumer 1: rescale P and hand it over, rescale O.
+          ptx::named_barrier_sync(kMax1Ready, kPair);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const float m_pair = s.row_max[1][frag_row + 8 * i];
+            factor[i] = ptx::exp2_approx(m_run[i] - softmax_base(m_pair));
+            m_run[i] = m_pair;
+            l_run[i] *= factor[i];
+          }
+          rescale_rows<kBlockN>(sacc, factor);
+          scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
+          store_p(s.p[0]);
+          ptx::fence_proxy_async_smem();  // the other consumer's wgmma reads it
+          ptx::named_barrier_arrive(kP0Ready, kPair);
+          rescale_rows<256>(o, factor);
+          // 4. O += P V for consumer 1's tile, with its P from shared memory.
+          if (has_odd) {
+            ptx::named_barrier_sync(kP1Ready, kPair);
+            ptx::mbarrier_wait(kv_full(1, 0), phase1);
+            ptx::wgmma_fence();
+            issue_pv_smem(s.p[1], 1);
+            ptx::wgmma_commit();
+          }
+          // Consumer 1's tile, half 0: the P V above was its last reader. The waits stay
+          // unconditional (with fewer groups in flight they return at once): a wait that ptxas
+          // sees only on some paths makes it serialize every wgmma.
+          auto release_odd = [&] {
+            ptx::wgmma_wait<1>();
+            if (has_odd) ptx::mbarrier_arrive(kv_empty(1, 0));
+          };
+          // 5. S of the next own tile; the P V above finishes behind its first half.
+          if (2 * pair + 2 < n) {
+            qk_own(2 * pair + 2, release_odd);
+          } else {
+            ptx::wgmma_wait<0>();
+            if (has_odd) ptx::mbarrier_arrive(kv_empty(1, 0));
+          }
+#pragma unroll
+          for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
+        } else {
+          // 1. Mask and take the row max of the own tile (none: -inf) while consumer 0 works,
+          //    then fold in consumer 0's max: that is the pair's max.
+          float mx[2] = {neg_inf, neg_inf};
+          if (has_odd) {
+            mask_tile(range.begin + 2 * pair + 1);
+            row_max_scores<kBlockN>(sacc, mx);
+          }
+          ptx::named_barrier_sync(kMax0Ready, kPair);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const float m_new = fmaxf(s.row_max[0][frag_row + 8 * i], mx[i] * p.scale_log2);
+            base[i] = softmax_base(m_new);
+            factor[i] = ptx::exp2_approx(m_run[i] - base[i]);
+            m_run[i] = m_new;
+          }
+          publish_max();
+          ptx::named_barrier_arrive(kMax1Ready, kPair);
+          rescale_rows<256>(o, factor);
+          sum[0] = sum[1] = 0.f;
+          // 2. Exponentiate, hand P over, O += P V for the own tile.
+          if (has_odd) {
+            exp2_scores<kBlockN>(sacc, p.scale_log2, base, sum);
+            scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
+            store_p(s.p[1]);
+            ptx::fence_proxy_async_smem();
+            ptx::named_barrier_arrive(kP1Ready, kPair);
+            ptx::wgmma_fence();
+            issue_pv_regs();
+            ptx::wgmma_commit();
+          }
+#pragma unroll
+          for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * factor[i] + sum[i];
+          // 3. O += P V for consumer 0's tile, with its P from shared memory.
+          ptx::named_barrier_sync(kP0Ready, kPair);
+          ptx::mbarrier_wait(kv_full(0, 1), phase0);
+          ptx::wgmma_fence();
+          issue_pv_smem(s.p[0], 0);
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<1>();  // the own P V, if any (unconditional: see consumer 0)
+          if (has_odd) ptx::mbarrier_arrive(kv_empty(1, 1));
+          ptx::wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
+          ptx::mbarrier_arrive(kv_empty(0, 1));
+          // 4. S of the next own tile.
+          if (2 * pair + 3 < n) qk_own(2 * pair + 3, [] {});
+        }
+      }
     }
+    phases.next_work_tile(n);
 
-    // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse; a
-    // split stores its normalised rows in fp32 and their lse without the sink instead
+    // ---- epilogue: the row sums of both consumers, the sink, normalise, store out and lse; a
+    // split stores its normalised rows in fp32 and their lse without the sink instead.
+    float total[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      total[i] = quad_sum(l_run[i]);
+      if (lane % 4 == 0) s.row_sum[phases.sums()][wg][frag_row + 8 * i] = total[i];
+    }
+    ptx::named_barrier_sync(kRowSums, kPair);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) total[i] += s.row_sum[phases.sums()][1 - wg][frag_row + 8 * i];
+    phases.flip_sums();  // the next work tile's swap cannot overwrite this one before it is read
+
+    w = mqa512_decode_tile(p, work);  // again: cheaper than keeping it live across the key loop
     constexpr float kLog2e = 1.4426950408889634f;
     const bool split = p.num_splits > 1;
     Element* out = static_cast<Element*>(p.out);
@@ -453,8 +660,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       const int token = w.tok0 + row % p.tile_tokens, head = w.head0 + row / p.tile_tokens;
       const bool has_sink = p.sinks != nullptr && !split;
       float inv, lse;
-      finish_row(row_sum[i], row_max[i], has_sink, has_sink ? p.sinks[head] * kLog2e : 0.f, inv,
-                 lse);
+      finish_row_sum(total[i], m_run[i], has_sink, has_sink ? p.sinks[head] * kLog2e : 0.f, inv,
+                     lse);
       if (token < w.shape.seqlen_q) {
         const size_t out_token = static_cast<size_t>(w.batch) * p.seqlen_q + w.q_start + token;
         const size_t out_row = out_token * p.heads_q + head;
