@@ -59,6 +59,25 @@ def test_fmha512_transposed_views_and_determinism():
     assert (out.double() - ref).abs().max().item() < 2e-2
 
 
+@pytest.mark.parametrize("ramp", ["growing", "shrinking", "jumps"])
+def test_fmha512_lazily_raised_max(ramp):
+    """The kernel raises its reference max only when a score exceeds it by more than 8 (log2
+    units) and rescales O and P only then. Scores that grow along the keys raise it again and
+    again, and between raises push P up towards 2^8; shrinking ones set it in the first tiles
+    and never raise it again; tiles of large scores between small ones raise it in jumps. Oracle
+    parity by FlashAttention's rule, sinks included."""
+    def transform(q, k, v):
+        pos = torch.arange(k.shape[1], device="cuda", dtype=torch.float32) / k.shape[1]
+        tile = torch.arange(k.shape[1], device="cuda") // 64
+        mult = {"growing": 1 + 5 * pos, "shrinking": 6 - 5 * pos,
+                "jumps": torch.where(tile % 3 == 1, 4.0, 1.0)}[ramp]
+        kv = (k.float() * mult[None, :, None, None]).to(k.dtype)
+        return q, kv, kv
+    for causal, window in ((True, -1), (False, -1), (True, 300)):
+        check_case(1, 300, 1100, 64, 1, D, causal, window, True, layout="k_is_v",
+                   seed=len(ramp) + window, transform=transform)
+
+
 def test_fmha512_uncovered_calls_take_reference_path():
     q = torch.randn(1, 9, 3, D, device="cuda").bfloat16()  # 3 heads per KV head: no packing
     kv = torch.randn(1, 9, 1, D, device="cuda").bfloat16()

@@ -103,9 +103,12 @@ def make_inputs(b, sq, sk, hq, hkv, d, dtype, layout, gen):
 
 
 def check_case(b, sq, sk, hq, hkv, d, causal, window_left, with_sinks, dtype=torch.bfloat16,
-               layout="bshd", seed=0, expect_path="sm90"):
+               layout="bshd", seed=0, expect_path="sm90", transform=None):
+    """transform(q, k, v) -> (q, k, v), if given, reshapes the random inputs' values."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = make_inputs(b, sq, sk, hq, hkv, d, dtype, layout, gen)
+    if transform is not None:
+        q, k, v = transform(q, k, v)
     sinks = (torch.randn(hq, generator=gen, device="cuda") * 2) if with_sinks else None
     scale = 1.0 / math.sqrt(d)
     kwargs = dict(causal=causal, window_left=window_left, sinks=sinks)

@@ -98,6 +98,22 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kCols / 2], const float 
   }
 }
 
+// rescale_rows, skipped when every row of the warp has a factor of exactly 1 (a warp-uniform
+// test): with a lazily raised reference max (raise_lazily) that is most tiles.
+template <int kCols>
+__device__ __forceinline__ void rescale_rows_unless_one(float (&o)[kCols / 2],
+                                                        const float (&correction)[2]) {
+  if (__all_sync(0xffffffff, correction[0] == 1.f && correction[1] == 1.f)) return;
+  rescale_rows<kCols>(o, correction);
+}
+
+// The reference max a row's scores are exponentiated against, raised only when a new score
+// (log2 domain) exceeds it by more than `slack`: the exponentials then stay below 2^slack (exact
+// math: O, the sum and the lse all use the same reference), and most tiles need no rescale.
+__device__ __forceinline__ float raise_lazily(float reference, float score, float slack) {
+  return score > reference + slack ? score : reference;
+}
+
 // A row's sum from this thread's partial sum: added up across the quad.
 __device__ __forceinline__ float quad_sum(float partial) {
   partial += __shfl_xor_sync(0xffffffff, partial, 1);

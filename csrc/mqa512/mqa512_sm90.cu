@@ -37,7 +37,8 @@ bool covers_shape(const at::Tensor& q, const Mqa512Shape& s, int64_t head_dim, d
   const int64_t tile_tokens = kRows / std::min<int64_t>(group, kRows);
   const int64_t num_work = ((s.seqlen_q + tile_tokens - 1) / tile_tokens) *
                            std::max<int64_t>(group / kRows, 1) * s.heads_kv * s.batch;
-  return num_work <= kMaxInt && s.seqlen_k <= kMaxInt - s.seqlen_q;
+  // The kernel carries a work-tile index in 27 bits (Mqa512Progress).
+  return num_work < kMqa512MaxWork && s.seqlen_k <= kMaxInt - s.seqlen_q;
 }
 
 Mqa512Sm90Params make_params(const Mqa512Shape& s, double scale, at::Tensor& out,
@@ -75,29 +76,30 @@ Mqa512Sm90Params make_params(const Mqa512Shape& s, double scale, at::Tensor& out
   return p;
 }
 
-// A persistent grid (one CTA per SM, stride over the work tiles) loads a tile's Q during the
-// previous tile's last PV: that pays when work tiles are short, as dsv4_attention's
-// window-bounded ones are (measured: sliding S = 8k Hq = 128 1.91 -> 1.72 ms), and not for long
-// causal fmha rows (4k Hq = 128: 5.38 -> 5.51 ms). DSV4_MQA512_GRID=persistent|per_tile
-// overrides the choice, for timing the variants.
-bool use_persistent_grid(bool short_work_tiles) {
+// A persistent grid (one CTA per SM, stride over the work tiles, the costliest first) loads a
+// tile's Q during the previous tile's last P V. Measured with the seesaw schedule, same runs:
+// causal fmha S = 4k Hq = 64 1.5-3% faster than one CTA per work tile, S = 8k Hq = 128 within
+// noise; dsv4_attention's short window-bounded tiles gain most (sliding S = 8k Hq = 128 1.91 ->
+// 1.72 ms, earlier kernel). DSV4_MQA512_GRID=per_tile launches one CTA per work tile instead,
+// for timing the variants.
+bool use_persistent_grid() {
   const char* grid = std::getenv("DSV4_MQA512_GRID");
-  if (grid != nullptr && std::strcmp(grid, "persistent") == 0) return true;
-  if (grid != nullptr && std::strcmp(grid, "per_tile") == 0) return false;
-  return short_work_tiles;
+  return grid == nullptr || std::strcmp(grid, "per_tile") != 0;
 }
 
 template <typename Element>
 void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::Tensor& kv,
-            const at::Tensor& compressed, bool short_work_tiles, int64_t max_key_tiles,
-            at::Tensor& out, at::Tensor& lse) {
+            const at::Tensor& compressed, int64_t max_key_tiles, at::Tensor& out,
+            at::Tensor& lse) {
   using T = Mqa512Sm90Traits<Element>;
   static_assert(T::kBlockM == kRows, "packing assumes 64-row tiles");
   auto kernel = mqa512_sm90_kernel<Element>;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int num_sms = device_info(q.get_device()).num_sms;
   const int64_t tiles = int64_t(p.num_m_blocks) * p.head_blocks * p.heads_kv * p.batch;
-  p.num_splits = split_kv_plan(tiles, max_key_tiles, num_sms);
+  // Splits only where the work tiles are few; a forced count stays within the work-tile bound.
+  p.num_splits = static_cast<int>(std::min<int64_t>(split_kv_plan(tiles, max_key_tiles, num_sms),
+                                                    (kMqa512MaxWork - 1) / std::max<int64_t>(tiles, 1)));
   at::Tensor o_partial, lse_partial;  // split-KV workspace, alive until the combine is queued
   if (p.num_splits > 1) {
     const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads_q;
@@ -115,9 +117,7 @@ void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::T
                              : tkv;  // not read without compressed rows
   const int64_t num_work = tiles * p.num_splits;
   p.num_work = static_cast<int>(num_work);
-  const int64_t grid = use_persistent_grid(short_work_tiles)
-                           ? std::min<int64_t>(num_work, num_sms)
-                           : num_work;
+  const int64_t grid = use_persistent_grid() ? std::min<int64_t>(num_work, num_sms) : num_work;
   kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream>>>(tq, tkv, tc, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_splits > 1) {
@@ -139,12 +139,12 @@ void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::T
 
 // max_key_tiles: an upper bound on the key tiles of one work tile, for the split-KV plan.
 void dispatch(const char* op, const Mqa512Sm90Params& p, const at::Tensor& q, const at::Tensor& kv,
-              const at::Tensor& compressed, bool short_work_tiles, int64_t max_key_tiles,
-              at::Tensor& out, at::Tensor& lse) {
+              const at::Tensor& compressed, int64_t max_key_tiles, at::Tensor& out,
+              at::Tensor& lse) {
   if (q.scalar_type() == at::kBFloat16) {
-    launch<__nv_bfloat16>(op, p, q, kv, compressed, short_work_tiles, max_key_tiles, out, lse);
+    launch<__nv_bfloat16>(op, p, q, kv, compressed, max_key_tiles, out, lse);
   } else {
-    launch<__half>(op, p, q, kv, compressed, short_work_tiles, max_key_tiles, out, lse);
+    launch<__half>(op, p, q, kv, compressed, max_key_tiles, out, lse);
   }
 }
 
@@ -210,8 +210,7 @@ void mqa512_sm90(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   const int64_t max_key_tiles =
       c.window_left >= 0 ? std::min(tiles_of(c.seqlen_k), tiles_of(c.window_left + 64) + 1)
                          : tiles_of(c.seqlen_k);
-  dispatch("fmha", p, as_bshd(c, c.q), as_bshd(c, c.k), at::Tensor(), /*short_work_tiles=*/false,
-           max_key_tiles, out, lse);
+  dispatch("fmha", p, as_bshd(c, c.q), as_bshd(c, c.k), at::Tensor(), max_key_tiles, out, lse);
 }
 
 // ---- dsv4_attention: sliding-only, HCA and CSA layers, dense or varlen. CSA gathers per
@@ -298,9 +297,8 @@ void mqa512_sm90(const Dsv4Call& c, at::Tensor& out, at::Tensor& lse) {
                                      : tiles_of(c.seqlen_compressed);
   }
   dispatch("dsv4_attention", p, q_bshd(c), rows_bshd(c, c.kv),
-           has_c && !c.topk_indices ? rows_bshd(c, *c.compressed_kv) : at::Tensor(),
-           /*short_work_tiles=*/true,  // a window and (compressed) rows: a few tiles each
-           max_key_tiles, out, lse);
+           has_c && !c.topk_indices ? rows_bshd(c, *c.compressed_kv) : at::Tensor(), max_key_tiles,
+           out, lse);
 }
 
 }  // namespace dsv4

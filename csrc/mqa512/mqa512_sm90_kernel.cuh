@@ -6,10 +6,11 @@
 // serves all 64 rows. Q's TMA box is (64 dims, tile_tokens, tile_heads), so the rows land
 // tokens innermost: row = head * tile_tokens + token.
 // Roles (128 threads per warpgroup):
-//   warpgroup 0, warp 0    producer: TMA loads of Q (once per work tile) and of the key tiles
-//                          (64 keys x 512, in two halves of 256 dims) into two stages; each
-//                          tile is read as K and V. CSA tiles have no TMA box: the warp gathers
-//                          their rows with 16-byte cp.async (zero-filled where an index is not
+//   warpgroup 0           producers: TMA loads of Q (once per work tile, thread 0) and of the
+//                          key tiles (64 keys x 512, in two halves of 256 dims); warps 2s and
+//                          2s + 1 fill stage s, alternate 64-column blocks each. Each tile is
+//                          read as K and V. CSA tiles have no TMA box: the warps gather their
+//                          rows with 16-byte cp.async (zero-filled where an index is not
 //                          visible).
 //   warpgroups 1, 2        consumers 0 and 1. Consumer w owns O[:, 256w : 256w + 256] and
 //                          computes S = Q K^T (all 512 dims) for the key tiles of stage w: the
@@ -27,25 +28,32 @@
 // one TMA box with the 128-byte swizzle that wgmma reads; the P tiles [3][64][64] in the same
 // layout; the row maxima [2][64] and row sums [2][2][64] the consumers exchange.
 //
-// Barrier protocol (phase bits flip once per fill; Mqa512Phases carries them across work tiles):
+// Barrier protocol (phase bits flip once per fill; Mqa512Progress carries them across work tiles):
 //   q_full            producer arrive.expect_tx(64 KB) + TMA        -> consumers wait
 //   q_empty           each consumer thread after its last QK^T of the work tile (consumer 1
 //                     of a one-tile work tile at once)            -> producer, before next Q
-//   kv_full[s][h]     32 producer-lane arrivals per half h of stage s: lane 0's carries
-//                     expect_tx(32 KB) of the TMA boxes; for a gather each lane arrives after
-//                     its copies landed and a fence.proxy.async    -> readers of that half
+//   kv_full[s][c]     one per 64-column block c of stage s, one arrival: lane 0's
+//                     expect_tx(8 KB) with the block's TMA box, or, for a gather, lane 0 after
+//                     every lane's copies landed, a fence.proxy.async and a __syncwarp
+//                     -> readers of that block (Q K^T starts on the first block that lands)
 //   kv_empty[s][h]    half h of stage s is read by consumer s (QK^T) and consumer h (P V):
 //                     128 arrivals when s == h (after consumer s's own P V), else 256
 //                     (consumer s after its QK^T, consumer h after its P V with the other's P)
 //                     -> producer, before refilling the half. Stage s's half s is loaded
 //                     first: its consumer multiplies it first, and it is released first.
-//   named barriers (consumers only, 256 threads; one arrives, the other syncs, once per pair):
+//   handoff[h]        one-way handoffs between the consumers, 128 arrivals (every thread of
+//                     the sending consumer), waited on by the other consumer:
 //     kMax0Ready  consumer 0 wrote row_max[0]      kMax1Ready  consumer 1 wrote row_max[1]
 //     kP0Ready    consumer 0 stored p[0]           kP1Ready    consumer 1 stored p[1]
-//     kRowSums    both stored their row sums (a sync for both, once per work tile)
-//     kPOwn0Ready consumer 0's 128 threads stored p_own0 (before its own P V reads it)
+//                     (row_scale is consumer 0's alone: published with kP0Ready only to order
+//                     its O rescale). The first three complete once per pair, i.e. per fill
+//                     of stage 0, kP1Ready once per fill of stage 1: they share those parities.
+//     kRowSums    both consumers stored their row sums at the end of a work tile: 256
+//                 arrivals, both wait (neither passes phase t + 1 before the other arrived
+//                 at it), double-buffered by work-tile parity
+//   named barrier kPOwn0Ready: consumer 0's 128 threads stored p_own0 (before its own P V)
 //   The pair order makes each reuse safe: a consumer writes row_max / p for pair i + 1 only
-//   after the other has synced on its pair-i data.
+//   after the other has waited for its pair-i data.
 // Keys come in two segments, walked as one sequence of tiles in one online softmax: the rows
 // of kv (fmha's visibility: causal, window) and, for dsv4_attention, the closed rows of
 // compressed_kv (row w is closed for position t iff w < min(Sc, (t + 1) / r)): all of them
@@ -87,7 +95,8 @@ struct Mqa512Sm90Traits {
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kHalfTileBytes = kBlockN * kHeadDim / 2 * sizeof(Element);
+  static constexpr uint32_t kBlockBytes = kBlockN * 64 * sizeof(Element);  // one TMA box
+  static constexpr int kTileInfoInts = 24;  // >= sizeof(Mqa512TileInfo) / 4 (checked below)
   // setmaxnreg moves registers only within the CTA's launch allocation (168 per thread at 384
   // threads). The producer's CSA gather needs 56 (48 spill), which leaves the consumers 224.
   static constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;
@@ -102,22 +111,32 @@ struct Mqa512Sm90Traits {
     Element p[2][kBlockM][kBlockN];  // [w]: consumer w's P, for the other consumer's P V
     Element p_own0[kBlockM][kBlockN];  // consumer 0's P for its own P V (see the consumers)
     float row_max[2][kBlockM];       // [w]: the running max after consumer w's softmax step
-    float row_sum[2][2][kBlockM];    // [work-tile parity][w]: the sums both consumers need
+    float row_scale[kBlockM];        // consumer 0's factor to the pair's max (see publish)
+    // Each consumer warp's copy of its work tile and key segments (Mqa512TileInfo), kept here
+    // rather than in registers through the key loop.
+    alignas(16) int tile_info[8][kTileInfoInts];
+    float row_sum[2][2][kBlockM];    // [work-tile parity][w]: the row sums both consumers need
     uint64_t q_full, q_empty;
-    uint64_t kv_full[2][2], kv_empty[2][2];  // [stage][half of head_dim]
+    uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
+    uint64_t kv_empty[2][2];          // [stage][half of head_dim]
+    uint64_t handoff[5];              // [Mqa512Handoff]
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
-// Named barriers between the two consumer warpgroups (256 threads; 0 is __syncthreads).
+// One-way handoffs between the two consumer warpgroups (mbarriers: s.handoff[h]).
+enum Mqa512Handoff : int {
+  kMax0Ready = 0,  // consumer 0 wrote its row max for this pair of key tiles
+  kMax1Ready = 1,  // consumer 1 wrote the pair's row max
+  kP0Ready = 2,    // consumer 0 stored its P, rescaled to the pair's max
+  kP1Ready = 3,    // consumer 1 stored its P
+  kRowSums = 4,    // both consumers stored their row sums (256 arrivals: a two-party barrier)
+  kNumHandoffs = 5,
+};
+// Named barriers (0 is __syncthreads).
 enum Mqa512Barrier : uint32_t {
-  kMax0Ready = 1,  // consumer 0 wrote its row max for this pair of key tiles
-  kMax1Ready = 2,  // consumer 1 wrote the pair's row max
-  kP0Ready = 3,    // consumer 0 stored its P, rescaled to the pair's max
-  kP1Ready = 4,    // consumer 1 stored its P
-  kRowSums = 5,    // both stored their row sums at the end of a work tile
-  kPOwn0Ready = 6,  // consumer 0 only (128 threads): all of it stored p_own0
+  kPOwn0Ready = 1,  // consumer 0 only (128 threads): all of it stored p_own0
 };
 
 // Work tile t -> its tokens, heads, KV head and split, and its sequence's rows and lengths.
@@ -179,6 +198,11 @@ struct Mqa512KeySegments {
   int num_kv, num_c;
 };
 
+struct Mqa512TileInfo {
+  Mqa512WorkTile w;
+  Mqa512KeySegments seg;
+};
+
 __device__ __forceinline__ int mqa512_closed_rows(const Mqa512Sm90Params& p,
                                                   const Mqa512WorkTile& w, int pos) {
   return min(w.seqlen_c, max(pos + 1, 0) / p.compress_ratio);
@@ -208,20 +232,25 @@ __device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, 
   return w >= 0 && w < closed ? w : -1;
 }
 
-// The parities barriers are waited on with, carried across a CTA's work tiles in one register
-// (only parities matter): bit s, the fills of stage s so far (s = 0, 1); bit 2, the Q loads;
-// bit 3, the consumers' row-sum buffer.
-struct Mqa512Phases {
-  uint32_t bits = 0;
+// A CTA's place in its loop over work tiles, in one register (the consumers are at their
+// register budget): the work tile (bits 4 and up, so fewer than 2^27 work tiles; the launcher
+// checks) and the parities barriers are waited on with (only parities matter): bit s, the fills
+// of stage s so far (s = 0, 1); bit 2, the Q loads; bit 3, the consumers' row-sum swaps.
+constexpr int kMqa512MaxWork = 1 << 27;
+struct Mqa512Progress {
+  uint32_t bits;
+  __device__ __forceinline__ explicit Mqa512Progress(int work) : bits(uint32_t(work) << 4) {}
+  __device__ __forceinline__ int work() const { return int(bits >> 4); }
   // The parity of the i-th fill of stage s from the start of the current work tile.
   __device__ __forceinline__ uint32_t stage(int s, int i) const { return ((bits >> s) + i) & 1; }
   __device__ __forceinline__ uint32_t q() const { return (bits >> 2) & 1; }
   __device__ __forceinline__ uint32_t sums() const { return (bits >> 3) & 1; }
+  __device__ __forceinline__ void flip_sums() { bits ^= 8u; }
   // After a work tile of n key tiles: stage 0 took (n + 1) / 2 of them, stage 1 n / 2.
-  __device__ __forceinline__ void next_work_tile(int n) {
+  __device__ __forceinline__ void finish_keys(int n) {
     bits ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1) | (n > 0 ? 4u : 0u);
   }
-  __device__ __forceinline__ void flip_sums() { bits ^= 8u; }
+  __device__ __forceinline__ void next_work(int stride) { bits += uint32_t(stride) << 4; }
 };
 
 template <typename Element>
@@ -231,7 +260,9 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
                        const __grid_constant__ CUtensorMap tmap_c, const Mqa512Sm90Params p) {
   using T = Mqa512Sm90Traits<Element>;
   constexpr int kBlockN = T::kBlockN, kColBlocks = T::kColBlocks, kHalf = T::kHalfBlocks;
-  constexpr uint32_t kPair = T::kConsumerThreads;  // named-barrier thread count
+  // The reference max is raised only past this margin (log2 units): P stays below 2^8, and
+  // most pairs rescale neither O nor P (raise_lazily).
+  constexpr float kMaxSlack = 8.f;
   const float neg_inf = __int_as_float(0xff800000);
 
   // Aligned by offsetting the __shared__ array itself (not through an integer), so the
@@ -242,17 +273,20 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
 
   const int num_work = p.num_work;
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
-  auto kv_full = [&](int stage, int half) { return ptx::smem_addr(&s.kv_full[stage][half]); };
+  auto kv_full = [&](int stage, int cb) { return ptx::smem_addr(&s.kv_full[stage][cb]); };
   auto kv_empty = [&](int stage, int half) { return ptx::smem_addr(&s.kv_empty[stage][half]); };
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
     ptx::mbarrier_init(q_empty, T::kConsumerThreads);
     for (int stage = 0; stage < 2; ++stage) {
+      for (int cb = 0; cb < kColBlocks; ++cb) ptx::mbarrier_init(kv_full(stage, cb), 1);
       for (int half = 0; half < 2; ++half) {
-        ptx::mbarrier_init(kv_full(stage, half), 32);  // every producer lane
         // Half h of stage w is read by consumer w (Q K^T) and by consumer h (P V).
         ptx::mbarrier_init(kv_empty(stage, half), stage == half ? 128 : 256);
       }
+    }
+    for (int h = 0; h < kNumHandoffs; ++h) {
+      ptx::mbarrier_init(ptx::smem_addr(&s.handoff[h]), h == kRowSums ? 256 : 128);
     }
     ptx::fence_barrier_init();
   }
@@ -262,28 +296,34 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   if (warpgroup == 0) {
     // ------------------------------------------------------------------ producer
     ptx::setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    if (lane == 0) {
+    // Warps 2s and 2s + 1 fill stage s, each its alternate 64-column blocks (warp 0 also
+    // loads Q): each stage is refilled as soon as its own consumers release it, never behind
+    // the other stage's wait, and two warps issue its boxes.
+    const int stage = threadIdx.x / 64, sub = (threadIdx.x / 32) % 2;
+    const int lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
       ptx::tma_prefetch_descriptor(&tmap_q);
       ptx::tma_prefetch_descriptor(&tmap_kv);
       if (p.compress_ratio > 0 && p.topk == nullptr) ptx::tma_prefetch_descriptor(&tmap_c);
     }
-    Mqa512Phases phases;
-    for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
-      const Mqa512WorkTile w = mqa512_decode_tile(p, work);
+    for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;
+         progress.next_work(gridDim.x)) {
+      const Mqa512WorkTile w = mqa512_decode_tile(p, progress.work());
       const Mqa512KeySegments seg = mqa512_key_segments(p, w, kBlockN);
       const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);
       const int n = range.end - range.begin;
       if (n == 0) continue;  // the consumers write the empty rows, no loads
-      if (lane == 0) {
-        ptx::mbarrier_wait(q_empty, phases.q() ^ 1);
+      if (threadIdx.x == 0) {
+        ptx::mbarrier_wait(q_empty, progress.q() ^ 1);
         ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
         for (int cb = 0; cb < kColBlocks; ++cb) {  // box (64 dims, tile_tokens, tile_heads)
           ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
                            w.q_start + w.tok0, w.head0, w.batch);
         }
       }
+      // Each producer warp stays converged: the lanes that skip a single-lane issue wait for
+      // it here instead of spinning in the next try_wait beside it.
+      __syncwarp();
       // Per work tile: the row where each segment's boxes would start for r = 0 (tile
       // it = range.begin + r is kv tile seg.kv.first + it, or compressed tile it - num_kv),
       // and for CSA the token's list, its closed rows and the rows' base.
@@ -299,40 +339,43 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       const int slot_base = (range.begin - seg.num_kv) * kBlockN;
       const int kv_tiles = seg.num_kv - range.begin;  // tiles r < kv_tiles are kv rows
 #pragma unroll 1
-      for (int r = 0; r < n; ++r) {
-        const int stage = r & 1;
-        const uint32_t phase = phases.stage(stage, r >> 1);
+      for (int r = stage; r < n; r += 2) {  // this stage's tiles
+        const uint32_t phase = progress.stage(stage, r >> 1);
         const bool compressed = r >= kv_tiles;
         // Stage w's consumer multiplies its own half of head_dim first: load that half first.
 #pragma unroll 1
         for (int k = 0; k < 2; ++k) {
           const int half = stage ^ k;
-          const uint32_t full = kv_full(stage, half);
           ptx::mbarrier_wait(kv_empty(stage, half), phase ^ 1);
           if (compressed && p.topk != nullptr) {
-            // Gather: lane l copies 16-byte chunk 32 half + l of each listed row into the
-            // swizzled [8][64][64] layout a TMA box would have written. Lane l reads the list
-            // entries of rows l and l + 32; the row loop broadcasts them.
+            // Gather: this warp's two 64-column blocks of the half (16 chunks of 16 bytes per
+            // row), two rows per step, into the swizzled [8][64][64] layout a TMA box would
+            // have written. Lane l reads the list entries of rows l and l + 32; the row loop
+            // broadcasts them.
             const uint32_t tile = ptx::smem_addr(&s.kv[stage][0][0][0]);
-            const int chunk = lane + 32 * half;  // of the 1024-byte row
+            const int cb = kHalf * half + sub + 2 * ((lane % 16) / 8), part = lane % 8;
             const int slot0 = slot_base + r * kBlockN + lane;
             const int listed_lo = mqa512_listed_row(listed, p.topk_k, closed, slot0);
             const int listed_hi = mqa512_listed_row(listed, p.topk_k, closed, slot0 + 32);
 #pragma unroll 1
-            for (int row = 0; row < kBlockN; ++row) {
-              const int src_row = __shfl_sync(0xffffffff, row < 32 ? listed_lo : listed_hi, row % 32);
+            for (int row0 = 0; row0 < kBlockN; row0 += 2) {
+              const int row = row0 + lane / 16;
+              const int src_row = __shfl_sync(0xffffffff, row0 < 32 ? listed_lo : listed_hi, row % 32);
               const Element* src = rows + static_cast<long long>(max(src_row, 0)) * p.c_row_stride;
-              const uint32_t dst = tile + (chunk / 8) * kBlockN * 128 + row * 128 +
-                                   (((chunk % 8) ^ (row % 8)) << 4);
-              ptx::cp_async_16_zfill(dst, src + chunk * 8, src_row >= 0);
+              const uint32_t dst = tile + cb * kBlockN * 128 + row * 128 + ((part ^ (row % 8)) << 4);
+              ptx::cp_async_16_zfill(dst, src + cb * 64 + part * 8, src_row >= 0);
             }
             ptx::cp_async_wait_all();
             ptx::fence_proxy_async_smem();  // wgmma reads what cp.async wrote
-            ptx::mbarrier_arrive(full);
+            __syncwarp();                   // every lane's copies, before lane 0 signals
+            if (lane == 0) {
+              ptx::mbarrier_arrive(kv_full(stage, kHalf * half + sub));
+              ptx::mbarrier_arrive(kv_full(stage, kHalf * half + sub + 2));
+            }
           } else if (lane == 0) {
-            ptx::mbarrier_arrive_expect_tx(full, T::kHalfTileBytes);
-            for (int cb = kHalf * half; cb < kHalf * (half + 1); ++cb) {
-              const uint32_t dst = ptx::smem_addr(&s.kv[stage][cb][0][0]);
+            for (int cb = kHalf * half + sub; cb < kHalf * (half + 1); cb += 2) {
+              const uint32_t dst = ptx::smem_addr(&s.kv[stage][cb][0][0]), full = kv_full(stage, cb);
+              ptx::mbarrier_arrive_expect_tx(full, T::kBlockBytes);
               if (compressed) {
                 ptx::tma_load_4d(dst, &tmap_c, full, cb * 64, c_row0 + r * kBlockN, 0, w.batch);
               } else {
@@ -340,12 +383,11 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
                                  w.batch);
               }
             }
-          } else {
-            ptx::mbarrier_arrive(full);
           }
+          __syncwarp();  // converged before the next wait (see the Q load)
         }
       }
-      phases.next_work_tile(n);
+      progress.finish_keys(n);
     }
     return;
   }
@@ -363,21 +405,27 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   //   acc[4j + 2i + c] = (row r + 8i, col 8j + 2 (lane % 4) + c).
   const int col_lane = 2 * (lane % 4);
   const int frag_row = warp * 16 + lane / 4;
-  Mqa512KeySegments seg{};
-  Mqa512WorkTile w{};
+  // This warp's copy of the current work tile and its key segments (rebased to the split).
+  static_assert(sizeof(Mqa512TileInfo) <= sizeof(s.tile_info[0]), "tile_info too small");
+  Mqa512TileInfo& info = *reinterpret_cast<Mqa512TileInfo*>(&s.tile_info[wg * 4 + warp][0]);
+  const Mqa512WorkTile& w = info.w;
+  const Mqa512KeySegments& seg = info.seg;
 
   float o[128];     // this consumer's 256 columns of O
   float sacc[32];   // S, then P, of this consumer's current key tile
   uint32_t pfrag[kBlockN / 16][4];
-  float m_run[2] = {neg_inf, neg_inf};  // running max of scale * log2(e) * s, shared by both consumers
+  float m_run[2] = {neg_inf, neg_inf};  // reference max (log2 domain, lazily raised), shared by both consumers
   float l_run[2];   // this thread's partial sum of 2^(x - m_run) over this consumer's tiles
 
-  // Half `half` of S = Q K^T for this consumer's tile (issued, not waited on).
-  auto issue_qk_half = [&](int half, bool overwrite) {
+  // Half `half` of S = Q K^T for this consumer's tile (issued, not waited on), each 64-column
+  // block as soon as it has landed (fill parity `phase`).
+  auto issue_qk_half = [&](int half, bool overwrite, uint32_t phase) {
     const uint32_t q_base = ptx::smem_addr(&s.q[kHalf * half][0][0]);
     const uint32_t k_base = ptx::smem_addr(&s.kv[wg][kHalf * half][0][0]);
 #pragma unroll
     for (int cb = 0; cb < kHalf; ++cb) {
+      ptx::mbarrier_wait(kv_full(wg, kHalf * half + cb), phase);
+      ptx::wgmma_fence();  // after a spin-wait, or ptxas serializes every wgmma (C7520)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
         const uint64_t da = ptx::smem_desc_sw128(q_base + cb * T::kBlockM * 128 + kk * 32, 0, 1024);
@@ -398,6 +446,10 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     for (int t = 0; t < kBlockN / 16; ++t) {
       ptx::WgmmaRS<256, Element, 1>::run(o, pfrag[t], v_desc(wg, t), 1);
     }
+  };
+  auto wait_half = [&](int stage, int half, uint32_t phase) {  // this consumer's V half of a tile
+#pragma unroll
+    for (int cb = 0; cb < kHalf; ++cb) ptx::mbarrier_wait(kv_full(stage, kHalf * half + cb), phase);
   };
   auto issue_pv_smem = [&](const Element (&pt)[T::kBlockM][kBlockN], int stage) {
     const uint32_t p_base = ptx::smem_addr(&pt[0][0]);
@@ -421,15 +473,25 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       }
     }
   };
-  // The row max written for the other consumer: one lane of each quad.
-  auto publish_max = [&]() {
+  // Writes one value per row to `dst` (one lane per quad), arrives on `handoff`, and reads the
+  // values back: what uses them cannot be scheduled ahead of the arrive. (ptxas moved such an
+  // arrive below the register-only work after it, and the other consumer waited through this
+  // one's exps or O rescale.)
+  auto publish = [&](float (&dst)[T::kBlockM], float (&v)[2], int handoff) {
     if (lane % 4 == 0) {
-      s.row_max[wg][frag_row] = m_run[0];
-      s.row_max[wg][frag_row + 8] = m_run[1];
+      dst[frag_row] = v[0];
+      dst[frag_row + 8] = v[1];
     }
+    __syncwarp();
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.handoff[handoff]));
+    v[0] = dst[frag_row];
+    v[1] = dst[frag_row + 8];
   };
-  // Tile `it` of the work tile's key sequence (kv rows, then compressed rows): mask it
-  // (boundary tiles and CSA tiles only).
+  auto wait_handoff = [&](int handoff, uint32_t phase) {
+    ptx::mbarrier_wait(ptx::smem_addr(&s.handoff[handoff]), phase);
+  };
+  // Tile `it` of the split's key sequence (kv rows, then compressed rows; seg rebased to the
+  // split's first tile): mask it (boundary tiles and CSA tiles only).
   auto mask_tile = [&](int it) {
     const bool compressed = it >= seg.num_kv;
     const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
@@ -472,12 +534,21 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     }
   };
 
-  Mqa512Phases phases;  // as in the producer
-  for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
-    w = mqa512_decode_tile(p, work);
-    seg = mqa512_key_segments(p, w, kBlockN);
-    const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);
-    const int n = range.end - range.begin;  // this split's key tiles
+  for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;  // as in the producer
+       progress.next_work(gridDim.x)) {
+    int n;  // this split's key tiles
+    {
+      Mqa512TileInfo t;
+      t.w = mqa512_decode_tile(p, progress.work());
+      t.seg = mqa512_key_segments(p, t.w, kBlockN);
+      const SplitRange range = split_key_range(t.seg.num_kv + t.seg.num_c, t.w.split, p.num_splits);
+      n = range.end - range.begin;
+      t.seg.kv.first += range.begin;  // index the split's tiles from 0 (mask_tile)
+      t.seg.num_kv -= range.begin;
+      __syncwarp();  // the last work tile's readers are done
+      if (lane == 0) info = t;
+      __syncwarp();
+    }
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     m_run[0] = m_run[1] = neg_inf;
@@ -488,15 +559,11 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       // It multiplies its own half of head_dim first (released by its own P V); in between,
       // `between` runs (consumer 0 releases the other stage there).
       auto qk_own = [&](int r, auto&& between) {
-        const uint32_t phase = phases.stage(wg, r >> 1);
-        ptx::mbarrier_wait(kv_full(wg, wg), phase);
-        ptx::wgmma_fence();
-        issue_qk_half(wg, true);
+        const uint32_t phase = progress.stage(wg, r >> 1);
+        issue_qk_half(wg, true, phase);
         ptx::wgmma_commit();
         between();
-        ptx::mbarrier_wait(kv_full(wg, 1 - wg), phase);
-        ptx::wgmma_fence();  // after a spin-wait, or ptxas serializes every wgmma (C7520)
-        issue_qk_half(1 - wg, false);
+        issue_qk_half(1 - wg, false, phase);
         ptx::wgmma_commit();
         ptx::wgmma_wait<0>();
 #pragma unroll
@@ -504,7 +571,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         ptx::mbarrier_arrive(kv_empty(wg, 1 - wg));  // the other half's other reader: the other consumer's P V
         if (r + 2 >= n) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
       };
-      ptx::mbarrier_wait(q_full, phases.q());
+      ptx::mbarrier_wait(q_full, progress.q());
       if (wg < n) {
         qk_own(wg, [] {});
       } else {
@@ -513,26 +580,27 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
 
       for (int pair = 0; 2 * pair < n; ++pair) {
         const bool has_odd = 2 * pair + 1 < n;  // consumer 1 has a tile in this pair
-        const uint32_t phase0 = phases.stage(0, pair), phase1 = phases.stage(1, pair);
+        const uint32_t phase0 = progress.stage(0, pair), phase1 = progress.stage(1, pair);
         float base[2], factor[2], sum[2];
         if (wg == 0) {
           // 1. Fold S into the running max, publish it, exponentiate.
           float mx[2];
-          mask_tile(range.begin + 2 * pair);
+          mask_tile(2 * pair);
           row_max_scores<kBlockN>(sacc, mx);
+          float m_new[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) m_new[i] = raise_lazily(m_run[i], mx[i] * p.scale_log2, kMaxSlack);
+          publish(s.row_max[0], m_new, kMax0Ready);
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            const float m_new = fmaxf(m_run[i], mx[i] * p.scale_log2);
-            base[i] = softmax_base(m_new);
+            base[i] = softmax_base(m_new[i]);
             factor[i] = ptx::exp2_approx(m_run[i] - base[i]);
-            m_run[i] = m_new;
+            m_run[i] = m_new[i];
           }
-          publish_max();
-          ptx::named_barrier_arrive(kMax0Ready, kPair);
           exp2_scores<kBlockN>(sacc, p.scale_log2, base, sum);
 #pragma unroll
           for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * factor[i] + sum[i];
-          rescale_rows<256>(o, factor);
+          rescale_rows_unless_one<256>(o, factor);
           // 2. O += P V for the own tile, with P through shared memory: keeping the fp32 P
           //    (rescaled below) and its A fragment in registers during this wgmma spilled.
           scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
@@ -542,29 +610,32 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           ptx::wgmma_fence();
           issue_pv_smem(s.p_own0, 0);
           ptx::wgmma_commit();
-          ptx::wgmma_wait<0>();
-#pragma unroll
-          for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
-          ptx::mbarrier_arrive(kv_empty(0, 0));
-          // 3. The pair's max, from consumer 1: rescale P and hand it over, rescale O.
-          ptx::named_barrier_sync(kMax1Ready, kPair);
+          // 3. While that P V runs: the pair's max from consumer 1, P rescaled to it and handed
+          //    over (consumer 1's P V with it is the longest chain of the pair), then O rescaled
+          //    once the P V has landed.
+          wait_handoff(kMax1Ready, phase0);
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const float m_pair = s.row_max[1][frag_row + 8 * i];
             factor[i] = ptx::exp2_approx(m_run[i] - softmax_base(m_pair));
             m_run[i] = m_pair;
-            l_run[i] *= factor[i];
           }
-          rescale_rows<kBlockN>(sacc, factor);
+          rescale_rows_unless_one<kBlockN>(sacc, factor);
           scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
           store_p(s.p[0]);
           ptx::fence_proxy_async_smem();  // the other consumer's wgmma reads it
-          ptx::named_barrier_arrive(kP0Ready, kPair);
-          rescale_rows<256>(o, factor);
+          publish(s.row_scale, factor, kP0Ready);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) l_run[i] *= factor[i];
+          ptx::wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
+          ptx::mbarrier_arrive(kv_empty(0, 0));
+          rescale_rows_unless_one<256>(o, factor);
           // 4. O += P V for consumer 1's tile, with its P from shared memory.
           if (has_odd) {
-            ptx::named_barrier_sync(kP1Ready, kPair);
-            ptx::mbarrier_wait(kv_full(1, 0), phase1);
+            wait_handoff(kP1Ready, phase1);
+            wait_half(1, 0, phase1);
             ptx::wgmma_fence();
             issue_pv_smem(s.p[1], 1);
             ptx::wgmma_commit();
@@ -590,20 +661,23 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           //    then fold in consumer 0's max: that is the pair's max.
           float mx[2] = {neg_inf, neg_inf};
           if (has_odd) {
-            mask_tile(range.begin + 2 * pair + 1);
+            mask_tile(2 * pair + 1);
             row_max_scores<kBlockN>(sacc, mx);
           }
-          ptx::named_barrier_sync(kMax0Ready, kPair);
+          wait_handoff(kMax0Ready, phase0);
+          float m_new[2];
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            const float m_new = fmaxf(s.row_max[0][frag_row + 8 * i], mx[i] * p.scale_log2);
-            base[i] = softmax_base(m_new);
-            factor[i] = ptx::exp2_approx(m_run[i] - base[i]);
-            m_run[i] = m_new;
+            m_new[i] = raise_lazily(s.row_max[0][frag_row + 8 * i], mx[i] * p.scale_log2, kMaxSlack);
           }
-          publish_max();
-          ptx::named_barrier_arrive(kMax1Ready, kPair);
-          rescale_rows<256>(o, factor);
+          publish(s.row_max[1], m_new, kMax1Ready);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            base[i] = softmax_base(m_new[i]);
+            factor[i] = ptx::exp2_approx(m_run[i] - base[i]);
+            m_run[i] = m_new[i];
+          }
+          rescale_rows_unless_one<256>(o, factor);
           sum[0] = sum[1] = 0.f;
           // 2. Exponentiate, hand P over, O += P V for the own tile.
           if (has_odd) {
@@ -611,7 +685,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
             scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
             store_p(s.p[1]);
             ptx::fence_proxy_async_smem();
-            ptx::named_barrier_arrive(kP1Ready, kPair);
+            ptx::mbarrier_arrive(ptx::smem_addr(&s.handoff[kP1Ready]));
             ptx::wgmma_fence();
             issue_pv_regs();
             ptx::wgmma_commit();
@@ -619,8 +693,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * factor[i] + sum[i];
           // 3. O += P V for consumer 0's tile, with its P from shared memory.
-          ptx::named_barrier_sync(kP0Ready, kPair);
-          ptx::mbarrier_wait(kv_full(0, 1), phase0);
+          wait_handoff(kP0Ready, phase0);
+          wait_half(0, 1, phase0);
           ptx::wgmma_fence();
           issue_pv_smem(s.p[0], 0);
           ptx::wgmma_commit();
@@ -635,22 +709,23 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         }
       }
     }
-    phases.next_work_tile(n);
+    progress.finish_keys(n);
 
     // ---- epilogue: the row sums of both consumers, the sink, normalise, store out and lse; a
     // split stores its normalised rows in fp32 and their lse without the sink instead.
     float total[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      total[i] = quad_sum(l_run[i]);
-      if (lane % 4 == 0) s.row_sum[phases.sums()][wg][frag_row + 8 * i] = total[i];
-    }
-    ptx::named_barrier_sync(kRowSums, kPair);
+    for (int i = 0; i < 2; ++i) total[i] = quad_sum(l_run[i]);
+    if (lane % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) total[i] += s.row_sum[phases.sums()][1 - wg][frag_row + 8 * i];
-    phases.flip_sums();  // the next work tile's swap cannot overwrite this one before it is read
+      for (int i = 0; i < 2; ++i) s.row_sum[progress.sums()][wg][frag_row + 8 * i] = total[i];
+    }
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.handoff[kRowSums]));
+    wait_handoff(kRowSums, progress.sums());
+#pragma unroll
+    for (int i = 0; i < 2; ++i) total[i] += s.row_sum[progress.sums()][1 - wg][frag_row + 8 * i];
+    progress.flip_sums();
 
-    w = mqa512_decode_tile(p, work);  // again: cheaper than keeping it live across the key loop
     constexpr float kLog2e = 1.4426950408889634f;
     const bool split = p.num_splits > 1;
     Element* out = static_cast<Element*>(p.out);
