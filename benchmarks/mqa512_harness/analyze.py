@@ -1,0 +1,34 @@
+"""Prints one steady pair of key tiles from a bin/trace dump (relative cycles): the consumers'
+events (A = consumer 0, B = consumer 1) and the producers' empty-barrier waits and box issues.
+    python3 analyze.py trace.txt"""
+import sys, collections
+ev = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    if line.startswith('R'):
+        r, i, t = line.split(); ev[int(r[1:])].append((int(i), int(t)))
+names = {10:'A start',11:'A max0 arrive',12:'A pown ready',13:'A ownPV done',14:'A max1 synced',15:'A P0 arrive',16:'A P1 synced',17:'A rPV issued',
+         20:'qk h-own issued',21:'qk between done',22:'qk h-other issued',23:'qk done',
+         30:'B start',31:'B max0 synced',32:'B max1 arrive',33:'B P1 arrive',35:'B P0 synced',36:'B rPV issued',37:'B ownPV done',38:'B rPV done',40:'rowsums'}
+# per-pair timeline: split role 1 by event 10 and role 2 by 30
+def pairs(role, start):
+    out, cur = [], None
+    for i, t in ev[role]:
+        if i == start:
+            cur = {}; out.append(cur)
+        if cur is not None and i not in cur: cur[i] = t
+    return out
+A, B = pairs(1, 10), pairs(2, 30)
+n = min(len(A), len(B))
+print(f"pairs A {len(A)} B {len(B)}")
+if n > 4:
+    per = [A[k+1][10] - A[k][10] for k in range(2, n - 2)]
+    print(f"cycles per pair (median over steady pairs): {sorted(per)[len(per)//2]}")
+    k = n // 2
+    base = A[k][10]
+    rows = [(t - base, 'A', names.get(i, i)) for i, t in A[k].items()] + [(t - base, 'B', names.get(i, i)) for i, t in B[k].items()]
+    for t, w, nm in sorted(rows): print(f"{t:7d} {w} {nm}")
+    # producer events in that window
+    end = A[k+1][10]
+    for role in (3, 4, 5, 6):
+        for i, t in ev[role]:
+            if base - 3000 <= t <= end: print(f"{t-base:7d} P{role-3} {'empty ok' if i < 4 else 'issued'} stage {(i%4)//2} half {i%2}")

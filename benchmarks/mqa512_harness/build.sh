@@ -1,0 +1,14 @@
+#!/bin/bash
+# Builds bin/bench (the kernel as in csrc/) and bin/trace (with clock64 trace points) for an
+# sm_90a device; no torch needed. Carry bin/ to the device machine and run, for example:
+#   bin/bench B Sq Sk Hq causal reps persistent   -> median ms and TFLOP/s of causal fmha rows
+#   bin/trace 1 8192 8192 128 1 > t.txt; python3 analyze.py t.txt   -> one pair's timeline
+set -e
+cd "$(dirname "$0")"
+python3 make_traced.py
+mkdir -p bin
+F="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -lcuda"
+nvcc $F -I../../csrc -DKERNEL_HEADER='"mqa512/mqa512_sm90_kernel.cuh"' harness.cu -o bin/bench &
+nvcc $F -Itraced -I../../csrc -DTRACE -DKERNEL_HEADER='"traced/mqa512/mqa512_sm90_kernel.cuh"' \
+  harness.cu -o bin/trace &
+wait

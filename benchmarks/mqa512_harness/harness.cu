@@ -1,0 +1,103 @@
+// Timing and trace harness for mqa512_sm90_kernel without torch (build.sh): causal fmha rows at
+// head_dim 512 (one KV head), median of event-timed launches; with -DTRACE, the clock64 events
+// of CTA 0 (see make_traced.py) for analyze.py.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <algorithm>
+#ifdef TRACE
+__device__ unsigned long long* g_trace;  // [8 roles][kCap]
+__device__ int g_trace_n[5];
+#define kCap 8192
+#define TR(role, id) do { if (blockIdx.x == 0) { \
+  if (_trn < kCap) g_trace[(role) * kCap + _trn] = ((unsigned long long)(id) << 48) | (clock64() & 0xffffffffffffull); ++_trn; } } while (0)
+#endif
+#include KERNEL_HEADER
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+using namespace dsv4;
+__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    unsigned x = (unsigned)(i * 2654435761u) ^ seed; x ^= x >> 13; x *= 0x5bd1e995; x ^= x >> 15;
+    p[i] = __float2bfloat16(((x & 0xffff) / 65536.f - 0.5f) * 3.4f);
+  }
+}
+static PFN_cuTensorMapEncodeTiled_v12000 enc() {
+  void* ptr = nullptr; cudaDriverEntryPointQueryResult st;
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &st));
+  return (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+}
+// (B, S, H, 512) contiguous
+static CUtensorMap tmap(void* base, long b, long s, long h, unsigned box_rows, unsigned box_heads) {
+  cuuint64_t dims[4] = {512, (cuuint64_t)s, (cuuint64_t)h, (cuuint64_t)b};
+  cuuint64_t strides[3] = {(cuuint64_t)(h * 512 * 2), 1024, (cuuint64_t)(s * h * 512 * 2)};
+  if (h == 1) strides[1] = 1024;
+  cuuint32_t box[4] = {64, box_rows, box_heads, 1}, es[4] = {1, 1, 1, 1};
+  CUtensorMap m;
+  CUresult r = enc()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) { printf("encode failed %d\n", r); exit(1); }
+  return m;
+}
+int main(int argc, char** argv) {
+  int B = argc > 1 ? atoi(argv[1]) : 1, S = argc > 2 ? atoi(argv[2]) : 4096;
+  int Sk = argc > 3 ? atoi(argv[3]) : S, H = argc > 4 ? atoi(argv[4]) : 64;
+  int causal = argc > 5 ? atoi(argv[5]) : 1, reps = argc > 6 ? atoi(argv[6]) : 10;
+  int persistent = argc > 7 ? atoi(argv[7]) : 0;
+  using T = Mqa512Sm90Traits<__nv_bfloat16>;
+  size_t nq = (size_t)B * S * H * 512, nkv = (size_t)B * Sk * 512;
+  __nv_bfloat16 *q, *kv, *out; float* lse;
+  CK(cudaMalloc(&q, nq * 2)); CK(cudaMalloc(&kv, nkv * 2)); CK(cudaMalloc(&out, nq * 2));
+  CK(cudaMalloc(&lse, (size_t)B * H * S * 4));
+  fill<<<1024, 256>>>(q, nq, 1); fill<<<1024, 256>>>(kv, nkv, 2); CK(cudaGetLastError());
+  Mqa512Sm90Params p{};
+  p.out = out; p.lse = lse; p.sinks = nullptr; p.batch = B; p.seqlen_q = S; p.seqlen_k = Sk;
+  p.heads_q = H; p.heads_kv = 1; p.group = H; p.tile_heads = std::min(H, 64);
+  p.tile_tokens = 64 / p.tile_heads; p.head_blocks = H / p.tile_heads;
+  p.num_m_blocks = (S + p.tile_tokens - 1) / p.tile_tokens; p.scale_log2 = 1.4426950408889634f / sqrtf(512.f);
+  p.use_kv = 1; p.causal = causal; p.window_left = -1; p.num_splits = 1;
+  p.num_work = p.num_m_blocks * p.head_blocks * B;
+  CUtensorMap tq = tmap(q, B, S, H, p.tile_tokens, p.tile_heads), tkv = tmap(kv, B, Sk, 1, 64, 1);
+  auto kernel = mqa512_sm90_kernel<__nv_bfloat16>;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
+#ifdef TRACE
+  unsigned long long* tr; CK(cudaMalloc(&tr, 8 * kCap * 8)); CK(cudaMemset(tr, 0, 8 * kCap * 8));
+  CK(cudaMemcpyToSymbol(g_trace, &tr, sizeof(tr)));
+  int zero[5] = {0, 0, 0, 0, 0}; CK(cudaMemcpyToSymbol(g_trace_n, zero, sizeof(zero)));
+  kernel<<<p.num_work, T::kThreads, T::kSmemBytes>>>(tq, tkv, tkv, p);
+  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> h(8 * kCap); int n[8];
+  CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
+  for (int r = 0; r < 8; ++r) { n[r] = 0; while (n[r] < kCap && h[r * kCap + n[r]] != 0) ++n[r]; }
+  unsigned long long t0 = ~0ull;
+  for (int r = 0; r < 8; ++r) for (int i = 0; i < std::min(n[r], kCap); ++i) t0 = std::min(t0, h[r * kCap + i] & 0xffffffffffffull);
+  for (int r = 0; r < 8; ++r) {
+    printf("role %d: %d events\n", r, n[r]);
+    for (int i = 0; i < std::min(n[r], kCap); ++i) {
+      unsigned long long v = h[r * kCap + i];
+      printf("R%d %d %llu\n", r, (int)(v >> 48), (v & 0xffffffffffffull) - t0);
+    }
+  }
+#else
+  const int grid = persistent ? std::min(p.num_work, 132) : p.num_work;
+  for (int i = 0; i < 3; ++i) kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tkv, p);
+  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tkv, p);
+    CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
+    float t; CK(cudaEventElapsedTime(&t, a, b)); ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  double pairs = causal ? (double)S * (Sk - S) + (double)S * (S + 1) / 2 : (double)S * Sk;
+  double fl = 4.0 * B * H * pairs * 512;
+  printf("%s B=%d S=%d Sk=%d H=%d causal=%d: median %.3f ms  %.0f TFLOP/s\n", persistent ? "persistent" : "per-tile", B, S, Sk, H, causal, ms[reps / 2], fl / ms[reps / 2] / 1e9);
+#endif
+  return 0;
+}
