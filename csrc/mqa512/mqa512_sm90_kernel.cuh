@@ -487,6 +487,16 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     v[0] = dst[frag_row];
     v[1] = dst[frag_row + 8];
   };
+  // The rows' new reference max: the exponent base for this tile's scores, and the factor
+  // what was accumulated against the old one must be multiplied by.
+  auto adopt_max = [&](const float (&m_new)[2], float (&base)[2], float (&factor)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      base[i] = softmax_base(m_new[i]);
+      factor[i] = ptx::exp2_approx(m_run[i] - base[i]);
+      m_run[i] = m_new[i];
+    }
+  };
   auto wait_handoff = [&](int handoff, uint32_t phase) {
     ptx::mbarrier_wait(ptx::smem_addr(&s.handoff[handoff]), phase);
   };
@@ -591,12 +601,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < 2; ++i) m_new[i] = raise_lazily(m_run[i], mx[i] * p.scale_log2, kMaxSlack);
           publish(s.row_max[0], m_new, kMax0Ready);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            base[i] = softmax_base(m_new[i]);
-            factor[i] = ptx::exp2_approx(m_run[i] - base[i]);
-            m_run[i] = m_new[i];
-          }
+          adopt_max(m_new, base, factor);
           exp2_scores<kBlockN>(sacc, p.scale_log2, base, sum);
 #pragma unroll
           for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * factor[i] + sum[i];
@@ -671,12 +676,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
             m_new[i] = raise_lazily(s.row_max[0][frag_row + 8 * i], mx[i] * p.scale_log2, kMaxSlack);
           }
           publish(s.row_max[1], m_new, kMax1Ready);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            base[i] = softmax_base(m_new[i]);
-            factor[i] = ptx::exp2_approx(m_run[i] - base[i]);
-            m_run[i] = m_new[i];
-          }
+          adopt_max(m_new, base, factor);
           rescale_rows_unless_one<256>(o, factor);
           sum[0] = sum[1] = 0.f;
           // 2. Exponentiate, hand P over, O += P V for the own tile.
