@@ -3,7 +3,8 @@ one tensor, the query heads of a KV head are packed into 64-row tiles.
 
 Same rule as test_fmha_sm90: max |ours - f64| <= 2 x max |SDPA-in-bf16 - f64| + 1e-3, on out
 and lse, with poisoned outputs. Hq 1/8/64/128 over one KV head and GQA groups of 8 and 64;
-Sq 1 (decode) to 1000 against Sk up to 1500; causal or not, windows 0/1/127/128, sinks.
+Sq 1 (decode) to 1000 against Sk up to 1500, and 4096-token causal prefills checked by blocks
+of rows; causal or not, windows 0/1/127/128, sinks.
 """
 import math
 
@@ -12,7 +13,8 @@ import torch
 
 import dsv4_attn
 
-from test_fmha_sm90 import check_case, make_inputs, needs_sm90, oracle
+from conftest import poison_allocator
+from test_fmha_sm90 import check_case, lowp_reference, make_inputs, needs_sm90, oracle
 
 pytestmark = [pytest.mark.gpu, needs_sm90]
 
@@ -76,6 +78,36 @@ def test_fmha512_lazily_raised_max(ramp):
     for causal, window in ((True, -1), (False, -1), (True, 300)):
         check_case(1, 300, 1100, 64, 1, D, causal, window, True, layout="k_is_v",
                    seed=len(ramp) + window, transform=transform)
+
+
+@pytest.mark.parametrize("hq", [64, 128])
+def test_fmha512_long_causal_prefill(hq):
+    """Sq = Sk = 4096, causal, at DeepSeek-V4's head counts: one token per 64-row tile, up to 64
+    key tiles (32 pairs) per tile, thousands of work tiles on the persistent grid. Blocks of 128
+    query rows at four places are checked by FlashAttention's rule against the float64 oracle of
+    that block (rows a..a+127 see keys 0..a+127: q[:, a:a+128] against k[:, :a+128] with the
+    bottom-right alignment); every row is finite and two runs are bitwise equal."""
+    gen = torch.Generator(device="cuda").manual_seed(hq)
+    s = 4096
+    q, k, _ = make_inputs(1, s, s, hq, 1, D, torch.bfloat16, "k_is_v", gen)
+    sinks = torch.randn(hq, generator=gen, device="cuda")
+    assert dsv4_attn.fmha_path(q, k, k, causal=True, sinks=sinks) == "sm90"
+    poison_allocator(2 * s * hq * D * 4 + (1 << 20), "cuda")
+    out, lse = dsv4_attn.fmha(q, k, k, causal=True, sinks=sinks, return_lse=True)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    scale = 1 / math.sqrt(D)
+    for a in (0, 1000, 2048, s - 128):
+        qb, kb = q[:, a:a + 128], k[:, :a + 128]
+        ref_out, ref_lse = oracle(qb, kb, kb, scale, True, -1, sinks)
+        low_out, low_lse = lowp_reference(qb, kb, kb, scale, True, -1, sinks)
+        out_err = (out[:, a:a + 128].double() - ref_out).abs().max().item()
+        out_tol = 2 * (low_out.double() - ref_out).abs().max().item() + 1e-3
+        assert out_err <= out_tol, f"rows {a}+: out error {out_err:.3e} > {out_tol:.3e}"
+        lse_err = (lse[:, :, a:a + 128].double() - ref_lse).abs().max().item()
+        lse_tol = 2 * (low_lse.double() - ref_lse).abs().max().item() + 1e-3
+        assert lse_err <= lse_tol, f"rows {a}+: lse error {lse_err:.3e} > {lse_tol:.3e}"
+    again = dsv4_attn.fmha(q, k, k, causal=True, sinks=sinks, return_lse=True)
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
 
 
 def test_fmha512_uncovered_calls_take_reference_path():
