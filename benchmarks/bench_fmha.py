@@ -100,7 +100,8 @@ def sweep(quick: bool) -> List[Shape]:
     shapes.append(Shape(1, 1, 8192, 32, 8, 128, False))
     if not quick:
         shapes += [Shape(32, 1, 8192, 32, 8, 128, False), Shape(8, 1, 32768, 64, 8, 128, False),
-                   Shape(128, 1, 8192, 16, 1, 256, False), Shape(1, 1, 131072, 32, 8, 128, False)]
+                   Shape(128, 1, 8192, 16, 1, 256, False), Shape(1, 1, 131072, 32, 8, 128, False),
+                   Shape(128, 1, 4096, 32, 8, 128, False), Shape(16, 1, 16384, 16, 2, 256, False)]
     return shapes
 
 
@@ -414,6 +415,8 @@ def main(argv=None) -> int:
     p.add_argument("--rep", type=int, default=20, help="most timed calls per measurement")
     p.add_argument("--only-varlen", action="store_true",
                    help="only the varlen and merge tables (no sweep, nothing appended)")
+    p.add_argument("--only-decode", action="store_true",
+                   help="only the decode rows of the sweep (nothing appended)")
     p.add_argument("--budget-ms", type=float, default=150.0,
                    help="fewer timed calls (at least 3) when --rep calls would take longer")
     args = p.parse_args(argv)
@@ -433,9 +436,10 @@ def main(argv=None) -> int:
                 f"D2D copy {copy_gbs:.0f} GB/s (read + write)")
     print(ceilings)
     print(f"FlashAttention-3: {'fa3_fwd_interface' if fa3_func else 'not installed (n/a cells)'}")
-    extra = ("varlen (ms; TFLOP/s count causal pairs exactly):\n"
-             + varlen_table(dtype, device, dsv4, args, gemm) + "\n\nmerge_attn_states:\n"
-             + merge_table(dtype, device, dsv4, args, copy_gbs))
+    extra = "" if args.only_decode else (
+        "varlen (ms; TFLOP/s count causal pairs exactly):\n"
+        + varlen_table(dtype, device, dsv4, args, gemm) + "\n\nmerge_attn_states:\n"
+        + merge_table(dtype, device, dsv4, args, copy_gbs))
     if args.only_varlen:
         print()
         print(extra)
@@ -443,6 +447,9 @@ def main(argv=None) -> int:
 
     rows = []
     shapes = sweep(args.quick)
+    if args.only_decode:
+        shapes = [s for s in shapes if s.sq == 1]
+        args.no_append = True
     for i, s in enumerate(shapes, 1):
         print(f"[{i}/{len(shapes)}] B={s.b} Sq={s.sq} Sk={s.sk} H={s.hq}/{s.hkv} D={s.d} "
               f"causal={s.causal}", flush=True)
@@ -461,10 +468,11 @@ def main(argv=None) -> int:
                     "```"])
 
     os.makedirs(args.out, exist_ok=True)
-    stem = f"fmha_{dname}" + ("_quick" if args.quick else "")
-    plot(rows, os.path.join(args.out, stem + ".png"),
-         f"dsv4 fmha vs SDPA, {dname} | {common.device_name(device)} | "
-         f"GEMM {gemm:.0f} TFLOP/s | {common.today()}")
+    stem = f"fmha_{dname}" + ("_quick" if args.quick else "") + ("_decode" if args.only_decode else "")
+    if not args.only_decode:
+        plot(rows, os.path.join(args.out, stem + ".png"),
+             f"dsv4 fmha vs SDPA, {dname} | {common.device_name(device)} | "
+             f"GEMM {gemm:.0f} TFLOP/s | {common.today()}")
     with open(os.path.join(args.out, stem + ".md"), "w", encoding="utf-8") as f:
         f.write(md + "\n")
     if not args.no_append:

@@ -268,6 +268,27 @@ def test_fmha_sm90_decode_split_kv(monkeypatch, splits, d, sq, sk, hq, hkv, wind
                seed=hash((sq, sk, hq, d, splits)) % (2 ** 31))
 
 
+# (B, Sq, Sk, Hq, Hkv, causal, window, sinks) for packed GQA: the query heads of a KV head fill
+# a work tile's rows, tokens x heads (group 8: 16 tokens per 128-row tile; 128 and 256: one
+# token, all or half of the group's heads; group 6 packs only in the 192-row tiles of D = 64).
+PACKED_GQA_CASES = [(2, 1, 5000, 32, 8, True, -1, True), (1, 4, 3000, 64, 8, True, -1, False),
+                    (2, 65, 700, 16, 2, True, 127, True), (1, 37, 37, 32, 4, True, 0, False),
+                    (1, 3, 2000, 128, 1, True, -1, True), (1, 2, 1000, 256, 1, False, 100, False),
+                    (3, 113, 239, 12, 2, True, -1, True), (2, 1, 300, 8, 1, False, -1, True)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("pack", ["0", "1"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,causal,window,sinks", PACKED_GQA_CASES)
+def test_fmha_sm90_packed_gqa(monkeypatch, pack, d, b, sq, sk, hq, hkv, causal, window, sinks):
+    """Oracle parity with GQA packing forced on (where the group fits the tile) and off:
+    each row's token and head, its mask and sink, in the kernel and through the split combine."""
+    monkeypatch.setenv("DSV4_FMHA_PACK_GQA", pack)
+    check_case(b, sq, sk, hq, hkv, d, causal, window, sinks,
+               seed=hash((b, sq, sk, hq, d, pack)) % (2 ** 31))
+
+
 @needs_sm90
 def test_fmha_sm90_split_kv_decode_cuda_graph_replay():
     """A split-KV decode step (kernel, then combine) captured once and replayed on new data."""

@@ -1,7 +1,8 @@
 // sm90a fmha forward: TMA loads, an mbarrier pipeline, wgmma and warp specialization.
 //
-// Each CTA walks work tiles (a query tile of one (batch, head)) with a stride of gridDim.x and
-// computes each against every visible key tile. The launcher picks the grid: one CTA per SM
+// Each CTA walks work tiles (a query tile of one (batch, head), or with packed GQA the query
+// heads of one KV head, tokens x heads in the rows) with a stride of gridDim.x and computes
+// each against every visible key tile. The launcher picks the grid: one CTA per SM
 // (persistent) for equal, short work tiles, one CTA per work tile otherwise, so the hardware
 // balances causal and windowed work dynamically (fmha_sm90.cu says when).
 // Roles (128 threads per warpgroup):
@@ -101,15 +102,19 @@ struct FmhaSm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
-// Work tile t: a query tile of one (sequence, head), with that sequence's rows and lengths.
-// Dense: the query tiles of one (batch, head) are consecutive, so CTAs running at the same
-// time share that head's K/V in L2; within a head the last query tile (the one that sees the
-// most keys under a causal mask) comes first. Varlen: the schedule's order (the costliest
-// query tiles first), each tile's heads consecutive.
+// Work tile t: a query tile of one (sequence, head group), with that sequence's rows and
+// lengths. Dense: the query tiles of one (batch, head group) are consecutive, so CTAs running
+// at the same time share that KV head in L2; within a head group the last query tile (the one
+// that sees the most keys under a causal mask) comes first. Varlen: the schedule's order (the
+// costliest query tiles first), each tile's heads consecutive.
+// Packed GQA (dense, FmhaSm90Params::pack_heads > 1): a tile's rows are pack_tokens tokens of
+// pack_heads query heads of one KV head, so decode and short queries read each K/V tile once
+// for the whole group instead of once per query head.
 // Dense calls take the lengths from the parameters, by reference (key_range.cuh): a copy
 // would hold registers through the mainloop, which the D = 64 and 128 consumers do not have.
 struct WorkTile {
-  int m_block, head, batch;  // batch: the index into the tensors' batch dim (0 for varlen)
+  int m_block, head0, batch;  // head0: the tile's first query head; batch: the index into the
+                              // tensors' batch dim (0 for varlen)
   int split;                 // dense split-KV: which range of the key tiles (0 without)
   int q_start, k_start;      // the sequence's first row of q/out and of k/v (0 for dense)
   KeyShape shape;            // varlen: its lengths; 0 for an unused schedule slot
@@ -131,10 +136,16 @@ __device__ __forceinline__ WorkTile decode_tile(const FmhaSm90Params& p, int t) 
   } else {
     const int split = t % p.num_splits;  // a work tile's splits are neighbours
     t /= p.num_splits;
-    const int head_batch = t / p.num_m_blocks;
-    return {p.num_m_blocks - 1 - t % p.num_m_blocks, head_batch % p.heads_q,
-            head_batch / p.heads_q, split, 0, 0, {}};
+    const int head_batch = t / p.num_m_blocks, head_groups = p.heads_q / p.pack_heads;
+    return {p.num_m_blocks - 1 - t % p.num_m_blocks, head_batch % head_groups * p.pack_heads,
+            head_batch / head_groups, split, 0, 0, {}};
   }
+}
+
+// Query tokens per work tile (FmhaSm90Params::pack_tokens; varlen tiles are never packed).
+template <bool kVarlen, int kBlockM>
+__device__ __forceinline__ int tile_tokens(const FmhaSm90Params& p) {
+  return kVarlen ? kBlockM : p.pack_tokens;
 }
 
 // The key tiles a work tile's split visits, with the row facts of the whole tile (its mask).
@@ -145,16 +156,21 @@ __device__ __forceinline__ KeyTiles split_tiles(KeyTiles tiles, int split, int n
   return tiles;
 }
 
-// Sets the scores of the keys that row0 + {0, 8} cannot see to -inf in the tile starting at key
-// n0, if it straddles a boundary. `keys`: the parameters (dense) or the sequence's KeyShape.
-template <int kBlockN, typename Keys>
-__device__ __forceinline__ void mask_key_tile(const Keys& keys, const KeyTiles& tiles, int row0,
-                                              int col_lane, int n0, float (&sacc)[kBlockN / 2]) {
+// Sets the scores of the keys that this thread's rows {0, 8} cannot see to -inf in the key
+// tile starting at n0, if it straddles a boundary. `keys`: the parameters (dense) or the
+// sequence's KeyShape. Unpacked, `row` is the query token of the first row; packed, its row in
+// the tile, whose token is row % tokens. (Forms that derive the token
+// from the tile row in both cases made ptxas spill in the varlen consumers.)
+template <int kBlockN, bool kPacked, typename Keys>
+__device__ __forceinline__ void mask_key_tile(const Keys& keys, const KeyTiles& tiles, int row,
+                                              int tokens, int col_lane, int n0,
+                                              float (&sacc)[kBlockN / 2]) {
   if (!key_tile_needs_mask(keys, tiles, n0, kBlockN)) return;
   const float neg_inf = __int_as_float(0xff800000);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int pos = row0 + 8 * i + keys.seqlen_k - keys.seqlen_q;
+    const int pos = kPacked ? tiles.pos_lo + (row + 8 * i) % tokens
+                            : row + 8 * i + keys.seqlen_k - keys.seqlen_q;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
@@ -205,10 +221,11 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
       for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
         const WorkTile w = decode_tile<kVarlen>(p, work);
-        const int m0 = w.m_block * kBlockM, kv_head = w.head / p.group;
+        const int tokens = tile_tokens<kVarlen, kBlockM>(p);
+        const int tok0 = w.m_block * tokens, kv_head = w.head0 / p.group;
         const KeyTiles tiles =
-            kVarlen ? visible_key_tiles(w.shape, m0, kBlockM, kBlockN)
-                    : split_tiles(visible_key_tiles(p, m0, kBlockM, kBlockN), w.split, p.num_splits);
+            kVarlen ? visible_key_tiles(w.shape, tok0, tokens, kBlockN)
+                    : split_tiles(visible_key_tiles(p, tok0, tokens, kBlockN), w.split, p.num_splits);
         const int num_tiles = tiles.end - tiles.first;
         if (num_tiles == 0) continue;  // consumers write the empty rows without loads
         // Q is released once the consumers' last QK^T of the previous work tile has landed,
@@ -217,7 +234,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
         ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
         for (int cb = 0; cb < kColBlocks; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
-                           w.q_start + m0, w.head, w.batch);
+                           w.q_start + tok0, w.head0, w.batch);
         }
         ++q_round;
         for (int it = 0; it < num_tiles; ++it, ++kv_iter) {
@@ -252,9 +269,10 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   // in each 8-column group j the columns 8j + 2 (lane % 4) + {0, 1}:
   //   acc[4j + 2i + c] = (row r + 8i, col 8j + 2 (lane % 4) + c).
   const int col_lane = 2 * (lane % 4);
-  int row0 = 0;     // this thread's first query row in the current work tile
+  const int row0 = wg * 64 + warp * 16 + lane / 4;  // this thread's first row of a work tile
   KeyTiles tiles{};  // the current work tile's visible key tiles
   KeyShape shape{};  // varlen: its sequence's lengths
+  int token0 = 0;    // varlen masks: the query token of this thread's first row
 
   float o[kHeadDim / 2];
   float row_max[2];  // running max of scale * log2(e) * s
@@ -289,9 +307,9 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   // O must be multiplied by once the previous PV has landed.
   auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2]) {
     if constexpr (kVarlen) {
-      mask_key_tile<kBlockN>(shape, tiles, row0, col_lane, n0, sacc);
+      mask_key_tile<kBlockN, false>(shape, tiles, token0, kBlockM, col_lane, n0, sacc);
     } else {
-      mask_key_tile<kBlockN>(p, tiles, row0, col_lane, n0, sacc);
+      mask_key_tile<kBlockN, true>(p, tiles, row0, p.pack_tokens, col_lane, n0, sacc);
     }
     online_softmax_update<kBlockN>(sacc, p.scale_log2, row_max, row_sum, correction);
   };
@@ -311,13 +329,13 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
     {
       const WorkTile w = decode_tile<kVarlen>(p, work);
-      const int m0 = w.m_block * kBlockM;
+      const int tokens = tile_tokens<kVarlen, kBlockM>(p);
       shape = w.shape;
+      token0 = w.m_block * kBlockM + row0;
       // The producer derives the same tiles (its split of them) for this work tile.
-      tiles = kVarlen ? visible_key_tiles(shape, m0, kBlockM, kBlockN)
-                      : split_tiles(visible_key_tiles(p, m0, kBlockM, kBlockN), w.split,
-                                    p.num_splits);
-      row0 = m0 + wg * 64 + warp * 16 + lane / 4;
+      tiles = kVarlen ? visible_key_tiles(shape, w.m_block * tokens, tokens, kBlockN)
+                      : split_tiles(visible_key_tiles(p, w.m_block * tokens, tokens, kBlockN),
+                                    w.split, p.num_splits);
     }
     const int num_tiles = tiles.end - tiles.first;
 #pragma unroll
@@ -395,17 +413,26 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
     // work tile is decoded again, so that its fields held no registers through the mainloop.
     constexpr float kLog2e = 1.4426950408889634f;
     const WorkTile w = decode_tile<kVarlen>(p, work);
-    const int head = w.head, batch = w.batch;
+    const int tokens = tile_tokens<kVarlen, kBlockM>(p);
     const int seqlen_q = kVarlen ? w.shape.seqlen_q : p.seqlen_q;
-    const size_t token0 = static_cast<size_t>(batch) * p.seqlen_q + w.q_start + row0;
+    // Row row0 + 8 i of the tile: token[i] of the sequence, query head head[i].
+    int token[2], head[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = row0 + 8 * i;
+      token[i] = w.m_block * tokens + (kVarlen ? row : row % tokens);
+      head[i] = w.head0 + (kVarlen ? 0 : row / tokens);
+    }
+    // (batch, token) -> the row of q/out in the tensors' (B * Sq) tokens.
+    const size_t seq_row0 = static_cast<size_t>(w.batch) * p.seqlen_q + w.q_start;
     if (!kVarlen && p.num_splits > 1) {  // rows of the split-major [splits][B * Sq * Hq] partials
       const size_t part0 = static_cast<size_t>(w.split) * p.batch * p.seqlen_q * p.heads_q;
   #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float inv, lse;
         finish_row(row_sum[i], row_max[i], false, 0.f, inv, lse);
-        if (row0 + 8 * i < seqlen_q) {
-          const size_t part_row = part0 + (token0 + 8 * i) * p.heads_q + head;
+        if (token[i] < seqlen_q) {
+          const size_t part_row = part0 + (seq_row0 + token[i]) * p.heads_q + head[i];
   #pragma unroll
           for (int j = 0; j < kHeadDim / 8; ++j) {
             *reinterpret_cast<float2*>(p.o_partial + part_row * kHeadDim + 8 * j + col_lane) =
@@ -416,22 +443,22 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       }
       continue;
     }
-    const float sink_log2 = p.sinks != nullptr ? p.sinks[head] * kLog2e : neg_inf;
     Element* out = static_cast<Element*>(p.out);
   #pragma unroll
     for (int i = 0; i < 2; ++i) {
+      const float sink_log2 = p.sinks != nullptr ? p.sinks[head[i]] * kLog2e : neg_inf;
       float inv, lse;
       finish_row(row_sum[i], row_max[i], p.sinks != nullptr, sink_log2, inv, lse);
-      const int row = row0 + 8 * i;
-      if (row < seqlen_q) {
-        const size_t row_offset = ((token0 + 8 * i) * p.heads_q + head) * kHeadDim;
+      if (token[i] < seqlen_q) {
+        const size_t row_offset = ((seq_row0 + token[i]) * p.heads_q + head[i]) * kHeadDim;
   #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
           const uint32_t packed = ptx::pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
           *reinterpret_cast<uint32_t*>(out + row_offset + 8 * j + col_lane) = packed;
         }
         if (lane % 4 == 0) {
-          p.lse[(static_cast<size_t>(batch) * p.heads_q + head) * p.seqlen_q + w.q_start + row] = lse;
+          p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head[i]) * p.seqlen_q + w.q_start +
+                token[i]] = lse;
         }
       }
     }

@@ -34,6 +34,31 @@ inline bool use_persistent_grid(const FmhaCall& c) {
   return !c.varlen && !c.causal && c.window_left < 0 && c.seqlen_k <= kMaxPersistentSeqlenK;
 }
 
+// Packed GQA (dense calls): the query heads that share a KV head fill a work tile's rows, so
+// each K/V tile is read once per group rather than once per query head. A tile holds
+// kBlockM / group tokens of the whole group (or kBlockM heads of one token when the group is at
+// least kBlockM), so the group must divide kBlockM or be a multiple of it. It pays when the
+// query tiles are mostly empty (decode, short queries): pack when the packed tiles are
+// noticeably fuller. DSV4_FMHA_PACK_GQA=0|1 overrides the choice where packing is possible.
+struct GqaPacking {
+  int tokens, heads;  // query tokens and query heads per work tile
+};
+
+inline GqaPacking gqa_packing(const FmhaCall& c, int block_m) {
+  const GqaPacking unpacked{block_m, 1};
+  const int64_t group = c.heads_q / c.heads_kv;
+  if (c.varlen || group == 1 || (block_m % group != 0 && group % block_m != 0)) return unpacked;
+  const GqaPacking packed{static_cast<int>(std::max<int64_t>(1, block_m / group)),
+                          static_cast<int>(std::min<int64_t>(group, block_m))};
+  if (const char* forced = std::getenv("DSV4_FMHA_PACK_GQA")) {
+    return std::strcmp(forced, "0") == 0 ? unpacked : packed;
+  }
+  auto fill = [&](int64_t tokens) {  // valid rows per row of the query tiles
+    return double(c.seqlen_q) / double((c.seqlen_q + tokens - 1) / tokens * tokens);
+  };
+  return fill(unpacked.tokens) < 0.9 * fill(packed.tokens) ? packed : unpacked;
+}
+
 template <typename Element, int kHeadDim, bool kVarlen>
 void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   using T = FmhaSm90Traits<Element, kHeadDim>;
@@ -41,7 +66,9 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   // Per function and device; cheap, so set on every launch rather than tracking devices.
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(T::kSmemBytes)));
-  const CUtensorMap tq = make_tensor_map_bshd("fmha", as_bshd(c, c.q), "q", T::kBlockM);
+  const GqaPacking pack = gqa_packing(c, T::kBlockM);
+  const CUtensorMap tq =
+      make_tensor_map_bshd("fmha", as_bshd(c, c.q), "q", pack.tokens, pack.heads);
   const CUtensorMap tk = make_tensor_map_bshd("fmha", as_bshd(c, c.k), "k", T::kBlockN);
   const CUtensorMap tv = make_tensor_map_bshd("fmha", as_bshd(c, c.v), "v", T::kBlockN);
 
@@ -54,11 +81,13 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   p.seqlen_k = static_cast<int>(c.seqlen_k);
   p.heads_q = static_cast<int>(c.heads_q);
   p.group = static_cast<int>(c.heads_q / c.heads_kv);
-  p.num_m_blocks = static_cast<int>((c.seqlen_q + T::kBlockM - 1) / T::kBlockM);
+  p.pack_tokens = pack.tokens;
+  p.pack_heads = pack.heads;
+  p.num_m_blocks = static_cast<int>((c.seqlen_q + pack.tokens - 1) / pack.tokens);
   p.scale_log2 = static_cast<float>(c.scale * 1.4426950408889634);
   p.causal = c.causal ? 1 : 0;
   p.window_left = static_cast<int>(c.window_left);
-  p.num_work = p.num_m_blocks * p.heads_q * p.batch;
+  p.num_work = p.num_m_blocks * (p.heads_q / p.pack_heads) * p.batch;
   p.varlen_tiles = nullptr;
   p.varlen_sequences = nullptr;
   p.num_splits = 1;

@@ -16,8 +16,14 @@ struct FmhaSm90Params {
   const float* sinks;  // (Hq,) or nullptr
   int batch, seqlen_q, seqlen_k;  // varlen: 1, total_q, total_k
   int heads_q, group;  // group = Hq / Hkv; query head h reads KV head h / group
-  int num_m_blocks;    // dense: query tiles per (batch, head)
-  int num_work;        // work tiles: dense num_m_blocks * Hq * B, varlen tile slots * Hq
+  // A work tile's kBlockM rows are pack_tokens query tokens of pack_heads query heads that
+  // share one KV head: row r is token m_block * pack_tokens + r % pack_tokens of head
+  // head0 + r / pack_tokens. Unpacked (varlen, and dense unless packed GQA pays):
+  // pack_tokens = kBlockM, pack_heads = 1. Packed: pack_tokens * pack_heads = kBlockM.
+  int pack_tokens, pack_heads;
+  int num_m_blocks;    // dense: query tiles per (batch, head group), ceil(Sq / pack_tokens)
+  int num_work;        // work tiles: dense num_m_blocks * (Hq / pack_heads) * B,
+                       // varlen tile slots * Hq
   const VarlenTile* varlen_tiles;          // nullptr: dense
   const VarlenSequence* varlen_sequences;
   // Split-KV (dense; csrc/attention/split_kv.h): num_splits > 1 cuts each work tile's key tiles
