@@ -85,10 +85,13 @@ struct FmhaSm90Traits {
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle atoms along head_dim
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);
-  // setmaxnreg budget: 128 * producer + 128 * kConsumers * consumer <= 64K registers.
   static constexpr uint32_t kProducerRegs = 24;
   static constexpr uint32_t kConsumerRegs = kConsumers == 3 ? 160 : 240;
-  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "register budget");
+  // setmaxnreg moves registers within the CTA's launch allocation (the per-thread count that
+  // __launch_bounds__ allows, a multiple of 8, times the threads), not the SM's 64K.
+  static constexpr uint32_t kLaunchRegs = 65536 / kThreads / 8 * 8 * kThreads;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs,
+                "register budget");
 
   struct alignas(1024) SharedStorage {
     Element q[kColBlocks][kBlockM][64];
@@ -191,9 +194,11 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   constexpr int kColBlocks = T::kColBlocks;
   const float neg_inf = __int_as_float(0xff800000);
 
+  // Aligned by offsetting the __shared__ array itself (not through an integer), so the
+  // compiler keeps shared-space addressing (an integer round trip makes accesses generic).
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+      smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
   const int num_work = p.num_work;
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
