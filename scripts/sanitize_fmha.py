@@ -97,7 +97,8 @@ for topk in (None, torch.randint(-1, 240, (sum(lens_q), 80), device="cuda", dtyp
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: varlen dsv4_attention (HCA, CSA) sm90 path ran, outputs finite")
 
-# Split-KV at D <= 256: a GQA decode step of one sequence (32 work tiles over 132 SMs).
+# Split-KV at D <= 256: a GQA decode step of one sequence, packed (8 work tiles, each the 4
+# query heads of one KV head, split over the SMs).
 q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(1, 3000, 8, 128, device="cuda", dtype=torch.bfloat16)
 v = torch.randn_like(k)
@@ -106,6 +107,16 @@ out, lse = dsv4_attn.fmha(q, k, v, causal=True, sinks=torch.randn(32, device="cu
 torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: D = 128 split-KV decode ran, outputs finite")
+
+# Packed GQA with several tokens per tile at D = 64 (24 tokens x 8 heads in 192 rows), causal
+# with a window, rows past Sq in the last tile.
+q = torch.randn(2, 37, 16, 64, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(2, 500, 2, 64, device="cuda", dtype=torch.bfloat16)
+v = torch.randn_like(k)
+out, lse = dsv4_attn.fmha(q, k, v, causal=True, window_left=100, return_lse=True)
+torch.cuda.synchronize()
+assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: D = 64 packed GQA ran, outputs finite")
 
 # The fused merge_attn_states: 16-byte chunks (dense bf16) and single elements (Dv = 12, fp32
 # varlen layout), with -inf on one side.
