@@ -118,9 +118,9 @@ struct FmhaSm90Traits {
 struct WorkTile {
   int m_block, head0, batch;  // head0: the tile's first query head; batch: the index into the
                               // tensors' batch dim (0 for varlen)
-  int split;                 // dense split-KV: which range of the key tiles (0 without)
-  int q_start, k_start;      // the sequence's first row of q/out and of k/v (0 for dense)
-  KeyShape shape;            // varlen: its lengths; 0 for an unused schedule slot
+  int split;                  // dense split-KV: which range of the key tiles (0 without)
+  int q_start, k_start;       // the sequence's first row of q/out and of k/v (0 for dense)
+  KeyShape shape;             // varlen: its lengths; 0 for an unused schedule slot
 };
 
 template <bool kVarlen>
@@ -162,8 +162,8 @@ __device__ __forceinline__ KeyTiles split_tiles(KeyTiles tiles, int split, int n
 // Sets the scores of the keys that this thread's rows {0, 8} cannot see to -inf in the key
 // tile starting at n0, if it straddles a boundary. `keys`: the parameters (dense) or the
 // sequence's KeyShape. Unpacked, `row` is the query token of the first row; packed, its row in
-// the tile, whose token is row % tokens. (Forms that derive the token
-// from the tile row in both cases made ptxas spill in the varlen consumers.)
+// the tile, whose token is row % tokens. (Deriving the token from the tile row in both cases
+// made ptxas spill in the varlen consumers.)
 template <int kBlockN, bool kPacked, typename Keys>
 __device__ __forceinline__ void mask_key_tile(const Keys& keys, const KeyTiles& tiles, int row,
                                               int tokens, int col_lane, int n0,
