@@ -4,7 +4,8 @@
 // heads of one KV head, tokens x heads in the rows) with a stride of gridDim.x and computes
 // each against every visible key tile. The launcher picks the grid: one CTA per SM
 // (persistent) for equal, short work tiles, one CTA per work tile otherwise, so the hardware
-// balances causal and windowed work dynamically (fmha_sm90.cu says when).
+// balances causal and windowed work dynamically (use_persistent_grid in fmha_sm90_launch.cuh
+// says when).
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
 //   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64), 64 query rows each, with
