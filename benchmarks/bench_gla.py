@@ -1,16 +1,22 @@
-"""Chunked linear attention forward: dsv4's sm90 kernel against the reference path and against
-the floor of this GPU, all measured in one process.
+"""Chunked linear attention forward: dsv4's sm90 kernel against FlashQLA and
+flash-linear-attention (fla), and against the floor of this GPU, all measured in one process.
 
-    python benchmarks/bench_gla.py            # the issue's five shapes, both ops
+    python benchmarks/bench_gla.py            # the issue's rows, both ops
     python benchmarks/bench_gla.py --quick    # two shapes (smoke run)
+
+Peers are optional imports (`source .peers/gla/env.sh`, see ../shared/peers/fetch.sh): FlashQLA
+(Qwen's TileLang kernels, chunk_gated_delta_rule only) and fla's Triton path (FLA_FLASH_QLA=0).
+A row says "n/a" for a peer that is missing or refuses the shape. FlashQLA compiles its kernels on
+first use, so every implementation runs once before it is timed, and every call of a varlen row
+reuses one cu_seqlens tensor (FlashQLA caches its plan by tensor).
 
 Floor = max(FLOPs / bf16 GEMM rate, bytes / copy bandwidth), both ceilings measured in this run.
   FLOPs: 183k per (head, token) for chunk_gated_delta_rule, 98k for chunk_simple_gla (64-token
          chunks, K = V = 128: QK^T, KK^T, the WY products, Q S, K S, the state update).
   bytes: q, k, v, o, g (and beta) read or written once, plus the initial and final states.
-Every row also reports which path ran and the rel-RMS difference between the kernel and the
-reference path, so a fast wrong kernel shows up next to its speed. Prints one table (last) and
-appends it to benchmarks/RESULTS.md unless --no-append.
+Every row also reports which path ran and the rel-RMS difference between each implementation
+and dsv4's fp32 reference path, so a fast wrong kernel shows up next to its speed. Prints one
+table (last) and appends it to benchmarks/RESULTS.md unless --no-append.
 """
 import argparse
 import os
@@ -23,35 +29,83 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 
+try:
+    import flash_qla  # noqa: E402
+except Exception:  # noqa: BLE001 - an optional peer: any import failure means "not here"
+    flash_qla = None
+try:
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_delta  # noqa: E402
+    from fla.ops.simple_gla import chunk_simple_gla as fla_gla  # noqa: E402
+except Exception:  # noqa: BLE001
+    fla_delta = fla_gla = None
+
 FLOPS_PER_HEAD_TOKEN = {"gated_delta_rule": 183e3, "simple_gla": 98e3}
-TARGET = {"gated_delta_rule": 2.0, "simple_gla": 1.6}  # our time / floor, first four shapes
-SHAPES = [  # (B, T, H, HV)
+# Issue 11, every row: the delta rule >= 1.4x FlashQLA's speed and <= 1.6x the floor; simple GLA
+# <= 1.3x the floor.
+FLOOR_TARGET = {"gated_delta_rule": 1.6, "simple_gla": 1.3}
+QLA_TARGET = 1.4
+SHAPES = [  # (B, T, H, HV); B = 0 marks the varlen row
     (1, 32768, 16, 32),
     (4, 8192, 16, 32),
     (1, 8192, 16, 64),
     (8, 4096, 32, 32),
     (1, 65536, 2, 8),
+    (1, 131072, 2, 8),
+    (0, 0, 16, 32),
 ]
 QUICK_SHAPES = [(1, 8192, 16, 32), (1, 16384, 2, 8)]
+VARLEN_SEQS, VARLEN_MIN, VARLEN_MAX = 64, 64, 4096
 D = 128
 
 
-def make_inputs(b, t, h, hv, dtype, device):
+def varlen_lengths(seed=0):
+    """64 lengths from 64 to 4096 (log-uniform), fixed by the seed."""
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = torch.log(torch.tensor(float(VARLEN_MIN))), torch.log(torch.tensor(float(VARLEN_MAX)))
+    lens = torch.exp(lo + (hi - lo) * torch.rand(VARLEN_SEQS, generator=gen)).long()
+    lens[0], lens[-1] = VARLEN_MIN, VARLEN_MAX
+    return lens.tolist()
+
+
+def make_inputs(b, t, h, hv, n_states, dtype, device):
     q = F.normalize(torch.randn(b, t, h, D, device=device), dim=-1).to(dtype)
     k = F.normalize(torch.randn(b, t, h, D, device=device), dim=-1).to(dtype)
     v = torch.randn(b, t, hv, D, device=device).to(dtype)
     g = -0.5 * torch.rand(b, t, hv, device=device)
     beta = torch.rand(b, t, hv, device=device).clamp_min(1e-3)
-    s0 = torch.randn(b, hv, D, D, device=device)
+    s0 = torch.randn(n_states, hv, D, D, device=device)
     return q, k, v, g, beta, s0
 
 
-def count_bytes(op, b, t, h, hv, elem):
-    qk = 2 * b * t * h * D * elem
-    vo = 2 * b * t * hv * D * elem
-    gates = (2 if op == "gated_delta_rule" else 1) * b * t * hv * 4
-    states = 2 * b * hv * D * D * 4
+def count_bytes(op, tokens, h, hv, n_states, elem):
+    qk = 2 * tokens * h * D * elem
+    vo = 2 * tokens * hv * D * elem
+    gates = (2 if op == "gated_delta_rule" else 1) * tokens * hv * 4
+    states = 2 * n_states * hv * D * D * 4
     return qk + vo + gates + states
+
+
+def rel_rms(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def peer_calls(op, q, k, v, g, beta, s0, cu):
+    """name -> zero-argument call returning (o, final_state), for the peers that are here."""
+    calls = {}
+    if op == "gated_delta_rule":
+        if flash_qla is not None:
+            calls["FlashQLA"] = lambda: flash_qla.chunk_gated_delta_rule(
+                q, k, v, g, beta, initial_state=s0, output_final_state=True, cu_seqlens=cu)
+        if fla_delta is not None:
+            calls["fla"] = lambda: fla_delta(q, k, v, g, beta, initial_state=s0,
+                                             output_final_state=True, cu_seqlens=cu)
+    elif fla_gla is not None:
+        # fla's simple GLA has one head count: q and k repeated to the v-heads (outside timing).
+        group = v.shape[2] // q.shape[2]
+        qr, kr = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+        calls["fla"] = lambda: fla_gla(qr, kr, v, g, initial_state=s0, output_final_state=True,
+                                       cu_seqlens=cu)
+    return calls
 
 
 def main(argv=None) -> int:
@@ -59,6 +113,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="two shapes only (smoke run)")
     p.add_argument("--no-append", action="store_true", help="do not append to RESULTS.md")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--no-peers", action="store_true", help="time dsv4 only (variant runs)")
     args = p.parse_args(argv)
 
     device = common.require_cuda("bench_gla")
@@ -68,6 +123,9 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     header = common.env_header(device)
     print(header)
+    peers = (f"peers: FlashQLA {getattr(flash_qla, '__version__', 'n/a')} | fla "
+             f"{'yes' if fla_delta is not None else 'n/a'}")
+    print(peers)
     gemm = common.gemm_tflops(device, dtype)
     copy_gbs = common.copy_bandwidth(device)
     ceilings = (f"ceilings this run: {common.dtype_name(dtype)} GEMM 8192^3 {gemm:.0f} TFLOP/s | "
@@ -75,50 +133,78 @@ def main(argv=None) -> int:
     print(ceilings)
 
     rows = []
-    for shape_i, (b, t, h, hv) in enumerate(QUICK_SHAPES if args.quick else SHAPES):
-        q, k, v, g, beta, s0 = make_inputs(b, t, h, hv, dtype, device)
-        path = dsv4.chunk_gla_path(q, k, v)
+    for b, t, h, hv in (QUICK_SHAPES if args.quick else SHAPES):
+        cu = None
+        if b == 0:  # varlen
+            lens = varlen_lengths()
+            t, n_states, b = sum(lens), len(lens), 1
+            cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64,
+                              device=device)
+            label = f"varlen {VARLEN_SEQS} seqs {VARLEN_MIN}-{VARLEN_MAX}, T={t}, {h}/{hv}"
+        else:
+            n_states = b
+            label = f"({b}, {t}, {h}, {hv})"
+        q, k, v, g, beta, s0 = make_inputs(b, t, h, hv, n_states, dtype, device)
+        path = dsv4.chunk_gla_path(q, k, v, cu_seqlens=cu)
         for op in ("gated_delta_rule", "simple_gla"):
             if op == "gated_delta_rule":
-                fn = lambda: dsv4.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
-                                                         output_final_state=True)
+                ours = lambda: dsv4.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
+                                                           output_final_state=True, cu_seqlens=cu)
             else:
-                fn = lambda: dsv4.chunk_simple_gla(q, k, v, g, initial_state=s0,
-                                                   output_final_state=True)
-            ours_ms = common.bench_ms(fn, warmup=2, rep=10, budget_ms=300.0)
-            o, final = fn()
+                ours = lambda: dsv4.chunk_simple_gla(q, k, v, g, initial_state=s0,
+                                                     output_final_state=True, cu_seqlens=cu)
             os.environ["DSV4_DISABLE_SM90"] = "1"
             try:
-                ref_ms = common.bench_ms(fn, warmup=1, rep=3, budget_ms=1.0)
-                o_ref, final_ref = fn()
+                o_ref, final_ref = ours()
             finally:
                 del os.environ["DSV4_DISABLE_SM90"]
-            diff = max(((o.float() - o_ref.float()).norm() / o_ref.float().norm()).item(),
-                       ((final - final_ref).norm() / final_ref.norm()).item())
-            del o, final, o_ref, final_ref
-            flops = FLOPS_PER_HEAD_TOKEN[op] * b * t * hv
-            nbytes = count_bytes(op, b, t, h, hv, q.element_size())
+            impls = {"dsv4": ours}
+            if not args.no_peers:
+                impls.update(peer_calls(op, q, k, v, g, beta, s0, cu))
+            ms, err = {}, {}
+            for name, fn in impls.items():
+                try:
+                    o, final = fn()  # also FlashQLA's compile
+                    err[name] = max(rel_rms(o, o_ref), rel_rms(final, final_ref))
+                    del o, final
+                    ms[name] = common.bench_ms(fn, warmup=2, rep=10, budget_ms=300.0)
+                except Exception as e:  # noqa: BLE001 - a peer that refuses the shape is "n/a"
+                    if name == "dsv4":
+                        raise
+                    print(f"  {name} {op} {label}: n/a ({type(e).__name__}: {e})"[:300])
+            del o_ref, final_ref
+            flops = FLOPS_PER_HEAD_TOKEN[op] * t * b * hv
+            nbytes = count_bytes(op, t * b, h, hv, n_states, q.element_size())
             compute_ms = flops / (gemm * 1e12) * 1e3
             memory_ms = nbytes / (copy_gbs * 1e9) * 1e3
             floor_ms = max(compute_ms, memory_ms)
-            ratio = ours_ms / floor_ms
-            targeted = shape_i < 4 and not args.quick
-            verdict = (("met" if ratio <= TARGET[op] else "MISSED") + f" (<= {TARGET[op]})"
-                       if targeted else "report")
-            rows.append([op, f"({b}, {t}, {h}, {hv})", path, f"{ours_ms:.3f}", f"{ref_ms:.2f}",
-                         f"{ref_ms / ours_ms:.0f}x",
+            ratio = ms["dsv4"] / floor_ms
+            qla = ms.get("FlashQLA")
+            met = ratio <= FLOOR_TARGET[op]
+            target = f"<= {FLOOR_TARGET[op]} floor"
+            if op == "gated_delta_rule":
+                target += f", >= {QLA_TARGET}x FlashQLA"
+                met = met and qla is not None and qla / ms["dsv4"] >= QLA_TARGET
+            verdict = "report" if args.quick else ("met" if met else "MISSED")
+            fmt = lambda name: f"{ms[name]:.3f}" if name in ms else "n/a"
+            speed = lambda name: f"{ms[name] / ms['dsv4']:.2f}x" if name in ms else "n/a"
+            rows.append([op, label, path, fmt("dsv4"), fmt("FlashQLA"), fmt("fla"),
+                         speed("FlashQLA"), speed("fla"),
                          f"{floor_ms:.3f} ({'mem' if memory_ms >= compute_ms else 'mma'})",
-                         f"{ratio:.2f}", verdict, f"{diff:.1e}"])
+                         f"{ratio:.2f}", f"{verdict} ({target})",
+                         " / ".join(f"{err[n]:.1e}" if n in err else "n/a"
+                                    for n in ("dsv4", "FlashQLA", "fla"))])
             print("  ".join(rows[-1]), flush=True)
         del q, k, v, g, beta, s0
         torch.cuda.empty_cache()
 
-    headers = ["op", "(B, T, H, HV)", "path", "ours ms", "reference ms", "speedup",
-               "floor ms (bound)", "ours / floor", "target", "rel-RMS vs ref"]
-    units = ("ms: median per call with initial and final state; floor: max(FLOPs / GEMM rate, "
-             "bytes / copy bandwidth); rel-RMS vs ref: max over o and final_state of "
-             "||ours - reference path|| / ||reference path||")
-    md = "\n".join([header, "", ceilings, "", units, "",
+    headers = ["op", "(B, T, H, HV)", "path", "dsv4 ms", "FlashQLA ms", "fla ms",
+               "speed vs FlashQLA", "speed vs fla", "floor ms (bound)", "dsv4 / floor",
+               "target", "rel-RMS vs ref (dsv4 / FlashQLA / fla)"]
+    units = ("ms: median per call with initial and final state; speed vs X: X's ms / dsv4's ms; "
+             "floor: max(FLOPs / GEMM rate, bytes / copy bandwidth); rel-RMS vs ref: max over o "
+             "and final_state of ||impl - dsv4 reference path|| / ||reference path||")
+    md = "\n".join([header, "", peers, "", ceilings, "", units, "",
                     common.format_table(headers, rows, markdown=True)])
     print()
     print(md)

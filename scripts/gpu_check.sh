@@ -5,7 +5,8 @@
 # (default ./out); a short summary is printed last.
 #   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-gla-bench] [--no-sanitizer] [--quick-bench]
 #                        [--tests "FILES"]   (only those test files: a development run, not a check)
-# FlashAttention-3 joins bench_dsv4 when .peers/fmha is carried (see ../shared/peers/fetch.sh).
+# FlashAttention-3 joins bench_fmha and bench_dsv4 when .peers/fmha is carried, FlashQLA and fla
+# join bench_gla when .peers/gla is (see ../shared/peers/fetch.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -25,6 +26,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$TESTS" = tests ] || echo "NOTE: only $TESTS (not the whole suite)"
 [ -f .peers/fmha/env.sh ] && source .peers/fmha/env.sh
+[ -f .peers/gla/env.sh ] && source .peers/gla/env.sh
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 declare -A STATUS
@@ -80,7 +82,7 @@ if [ "$BENCH" = 1 ] && [ "$FMHA_BENCH" = 1 ] && [ -f "$OUT/bench_fmha.log" ]; th
   echo "---- bench_fmha (tail)"; tail -n 40 "$OUT/bench_fmha.log"
 fi
 if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_gla.log" ]; then
-  echo "---- bench_gla (tail)"; tail -n 14 "$OUT/bench_gla.log"
+  echo "---- bench_gla (tail)"; tail -n 18 "$OUT/bench_gla.log"
 fi
 if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_dsv4.log" ]; then
   echo "---- bench_dsv4 (tail)"; tail -n 16 "$OUT/bench_dsv4.log"

@@ -202,3 +202,71 @@ def test_chunk_sm90_cuda_graph_replay(gen, op):
         want_o, want_final = run_op(op, *fresh[:5], initial_state=fresh[5],
                                     output_final_state=True)
         assert torch.equal(o, want_o) and torch.equal(final, want_final)
+
+
+def _many_lengths(gen, n, longest=8192):
+    """n sequence lengths from 0 to `longest`, log-uniform, with zeros, ones, a full-chunk length
+    and the longest among them, shuffled."""
+    lens = torch.exp(torch.rand(n, generator=gen) * torch.log(torch.tensor(float(longest)))).long()
+    lens[:5] = torch.tensor([0, 1, 64, longest, 0])
+    return lens[torch.randperm(n, generator=gen)].tolist()
+
+
+@needs_sm90
+@pytest.mark.parametrize("n", [64, 256])
+@pytest.mark.parametrize("op", OPS)
+def test_chunk_sm90_varlen_many_sequences(gen, op, n, monkeypatch):
+    """A varlen call over many sequences (longest first on the device) is bitwise equal to one
+    dense call per sequence, and agrees with the fp32 reference path."""
+    lens = _many_lengths(gen, n)
+    q, k, v, g, beta, s0 = make_inputs(gen, 1, sum(lens), 1, 2, n, "mild")
+    cu = cu_seqlens(lens, "cuda")
+    kw = dict(initial_state=s0, output_final_state=True)
+    poison_allocator(v.numel() * v.element_size() + n * 2 * 128 * 128 * 4 + (1 << 20), "cuda")
+    o, final = run_op(op, q, k, v, g, beta, cu_seqlens=cu, **kw)
+    assert not torch.isnan(o).any() and not torch.isnan(final).any()
+    starts = cu.tolist()
+    for i in range(n):
+        a, b = starts[i], starts[i + 1]
+        if a == b:
+            assert torch.equal(final[i], s0[i]), f"sequence {i} (empty): state changed"
+            continue
+        o_i, f_i = run_op(op, q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b],
+                          initial_state=s0[i:i + 1], output_final_state=True)
+        assert torch.equal(o[:, a:b], o_i), f"sequence {i} (length {b - a}): o differs"
+        assert torch.equal(final[i:i + 1], f_i), f"sequence {i} (length {b - a}): state differs"
+    monkeypatch.setenv("DSV4_DISABLE_SM90", "1")
+    o_ref, final_ref = run_op(op, q, k, v, g, beta, cu_seqlens=cu, **kw)
+    assert rel_rms(o, o_ref) <= REL_RMS_LIMIT and rel_rms(final, final_ref) <= REL_RMS_LIMIT
+
+
+@needs_sm90
+@pytest.mark.parametrize("op", OPS)
+def test_chunk_sm90_varlen_cuda_graph_new_lengths(gen, op):
+    """A varlen call is capturable (no host sync) and a replay follows new cu_seqlens contents
+    (same N and T) and new data."""
+    n = 64
+    lens = _many_lengths(gen, n, longest=2048)
+    total = sum(lens)
+    static = list(make_inputs(gen, 1, total, 2, 4, n, "mild"))
+    cu = cu_seqlens(lens, "cuda")
+    kw = dict(initial_state=static[5], output_final_state=True, cu_seqlens=cu)
+    run_op(op, *static[:5], **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, final = run_op(op, *static[:5], **kw)
+    for _ in range(2):
+        new_lens = torch.tensor(_many_lengths(gen, n, longest=2048), dtype=torch.float64)
+        # The same total: scale the lengths, then give the rounding remainder to the last one.
+        new_lens = (new_lens * total / new_lens.sum()).floor().long()
+        new_lens[-1] += total - int(new_lens.sum())
+        new_cu = cu_seqlens(new_lens.tolist(), "cuda")
+        fresh = make_inputs(gen, 1, total, 2, 4, n, "mild")
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        cu.copy_(new_cu)
+        graph.replay()
+        want_o, want_final = run_op(op, *fresh[:5], initial_state=fresh[5],
+                                    output_final_state=True, cu_seqlens=new_cu)
+        assert torch.equal(o, want_o) and torch.equal(final, want_final)

@@ -51,4 +51,28 @@ VarlenScheduleBuffers build_varlen_schedule(const at::Tensor& cu_seqlens_q,
   return s;
 }
 
+VarlenSequencePlanBuffers build_varlen_sequence_plan(const at::Tensor& cu_seqlens, int64_t total,
+                                                     int chunk) {
+  const int64_t batch = cu_seqlens.size(0) - 1;
+  VarlenSequencePlanBuffers s;
+  // One int32 buffer: sequences (2 ints each, 8-byte aligned), chunk_start, order.
+  s.storage = at::empty({2 * batch + (batch + 1) + batch}, cu_seqlens.options().dtype(at::kInt));
+  int* base = s.storage.data_ptr<int>();
+  VarlenSequencePlanParams p;
+  p.cu_seqlens = cu_seqlens.data_ptr<int>();
+  p.batch = static_cast<int>(batch);
+  p.total = static_cast<int>(total);
+  p.chunk = chunk;
+  p.sequences = reinterpret_cast<VarlenRows*>(base);
+  p.chunk_start = base + 2 * batch;
+  p.order = base + 3 * batch + 1;
+  s.sequences = p.sequences;
+  s.chunk_start = p.chunk_start;
+  s.order = p.order;
+  varlen_sequence_plan_kernel<<<1, kVarlenScheduleThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return s;
+}
+
 }  // namespace dsv4

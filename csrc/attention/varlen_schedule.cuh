@@ -8,54 +8,9 @@
 
 #include "attention/key_range.cuh"
 #include "attention/varlen_schedule.h"
+#include "attention/varlen_device.cuh"
 
 namespace dsv4 {
-
-constexpr int kVarlenScheduleThreads = 1024;
-constexpr int kVarlenCostBuckets = 2 * kVarlenScheduleThreads;  // key tiles, the last one open
-
-namespace varlen_detail {
-
-// Exclusive prefix sum over the CTA of one value per thread; `total` gets the sum.
-__device__ __forceinline__ int block_exclusive_scan(int value, int& total, int* warp_sums) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int inclusive = value;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const int other = __shfl_up_sync(0xffffffffu, inclusive, d);
-    if (lane >= d) inclusive += other;
-  }
-  if (lane == 31) warp_sums[warp] = inclusive;
-  __syncthreads();
-  if (warp == 0) {
-    int w = warp_sums[lane];  // kVarlenScheduleThreads / 32 == 32 warps
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int other = __shfl_up_sync(0xffffffffu, w, d);
-      if (lane >= d) w += other;
-    }
-    warp_sums[lane] = w;
-  }
-  __syncthreads();
-  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + inclusive - value;
-  total = warp_sums[31];
-  __syncthreads();  // warp_sums is reused by the next scan
-  return before;
-}
-
-// The sequence that holds flat tile i: the last b with tile_start[b] <= i.
-__device__ __forceinline__ int sequence_of(const int* tile_start, int batch, int i) {
-  int lo = 0, hi = batch - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (tile_start[mid] <= i) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
-__device__ __forceinline__ int clamp_row(int v, int lo, int hi) { return min(max(v, lo), hi); }
-
-}  // namespace varlen_detail
 
 __global__ void __launch_bounds__(kVarlenScheduleThreads, 1)
     varlen_schedule_kernel(const VarlenScheduleParams p) {
@@ -127,6 +82,53 @@ __global__ void __launch_bounds__(kVarlenScheduleThreads, 1)
     p.tiles[slot] = {b, m_block};
   }
   for (int i = n + tid; i < p.capacity; i += kVarlenScheduleThreads) p.tiles[i] = {-1, 0};
+}
+
+// Builds a VarlenSequencePlanParams plan in one CTA: the sequences, the prefix sum of their
+// chunk counts, and a counting sort of the sequences by chunk count, most first (empty ones
+// last; ties in atomic order, which moves no result: each sequence is computed alone).
+__global__ void __launch_bounds__(kVarlenScheduleThreads, 1)
+    varlen_sequence_plan_kernel(const VarlenSequencePlanParams p) {
+  using namespace varlen_detail;
+  __shared__ int bucket_next[kVarlenCostBuckets];  // sequence count, then next free slot
+  __shared__ int warp_sums[32];
+  const int tid = threadIdx.x;
+  for (int i = tid; i < kVarlenCostBuckets; i += kVarlenScheduleThreads) bucket_next[i] = 0;
+  __syncthreads();
+
+  int num_chunks = 0;
+  for (int base = 0; base < p.batch; base += kVarlenScheduleThreads) {
+    const int b = base + tid;
+    int chunks = 0;
+    if (b < p.batch) {
+      const int s0 = clamp_row(p.cu_seqlens[b], 0, p.total);
+      const int s1 = clamp_row(p.cu_seqlens[b + 1], s0, p.total);
+      p.sequences[b] = {s0, s1 - s0};
+      chunks = (s1 - s0 + p.chunk - 1) / p.chunk;
+      atomicAdd(&bucket_next[min(chunks, kVarlenCostBuckets - 1)], 1);
+    }
+    int step_chunks;
+    const int before = block_exclusive_scan(chunks, step_chunks, warp_sums);
+    if (b < p.batch) p.chunk_start[b] = num_chunks + before;
+    num_chunks += step_chunks;
+  }
+  if (tid == 0) p.chunk_start[p.batch] = num_chunks;
+  __syncthreads();  // the bucket counts
+
+  // Each bucket's first slot, the most chunks first: thread t owns buckets top - 2t, top - 2t - 1.
+  {
+    const int hi = kVarlenCostBuckets - 1 - 2 * tid, lo = hi - 1;
+    const int count_hi = bucket_next[hi], count_lo = bucket_next[lo];
+    int total;
+    const int before = block_exclusive_scan(count_hi + count_lo, total, warp_sums);
+    bucket_next[hi] = before;
+    bucket_next[lo] = before + count_hi;
+  }
+  __syncthreads();
+  for (int b = tid; b < p.batch; b += kVarlenScheduleThreads) {
+    const int chunks = (p.sequences[b].len + p.chunk - 1) / p.chunk;  // this thread wrote it
+    p.order[atomicAdd(&bucket_next[min(chunks, kVarlenCostBuckets - 1)], 1)] = b;
+  }
 }
 
 }  // namespace dsv4

@@ -37,6 +37,17 @@ struct VarlenScheduleParams {
   VarlenRows* rows_c;                  // [batch] when cu_seqlens_c is given
 };
 
+// A varlen call whose CTAs each walk one whole sequence in fixed-size chunks (the chunked
+// linear-attention ops): the clamped sequences, where each one's chunks start in the flat list
+// of all chunks, and the sequences in the order to launch them, the most chunks first.
+struct VarlenSequencePlanParams {
+  const int* cu_seqlens;  // (batch + 1,) int32, trusted and clamped into [0, total]
+  int batch, total, chunk;
+  VarlenRows* sequences;  // [batch]: first row, length
+  int* chunk_start;       // [batch + 1]: first chunk of each sequence, then the chunk total
+  int* order;             // [batch]: every sequence once, the most chunks first
+};
+
 // An upper bound on the query tiles of all sequences, from shapes only:
 // sum ceil(len / t) <= (total + batch (t - 1)) / t.
 inline int64_t varlen_tile_capacity(int64_t total_q, int64_t batch, int tokens_per_tile) {

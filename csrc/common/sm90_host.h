@@ -49,4 +49,14 @@ VarlenScheduleBuffers build_varlen_schedule(const at::Tensor& cu_seqlens_q,
                                             const at::Tensor* cu_seqlens_c = nullptr,
                                             int64_t total_c = 0);
 
+// A varlen call's per-sequence plan (VarlenSequencePlanParams), built like the schedule above.
+struct VarlenSequencePlanBuffers {
+  at::Tensor storage;
+  const VarlenRows* sequences = nullptr;
+  const int* chunk_start = nullptr;  // [batch + 1]
+  const int* order = nullptr;        // [batch]
+};
+VarlenSequencePlanBuffers build_varlen_sequence_plan(const at::Tensor& cu_seqlens, int64_t total,
+                                                     int chunk);
+
 }  // namespace dsv4

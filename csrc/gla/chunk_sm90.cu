@@ -4,8 +4,7 @@
 
 #include <limits>
 
-#include "common/sm90_host.h"
-#include "gla/chunk.h"
+#include "gla/chunk_sm90.h"
 #include "gla/chunk_sm90_kernel.cuh"
 
 namespace dsv4 {
@@ -21,6 +20,17 @@ void launch(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
   const CUtensorMap tq = make_tensor_map_bshd(op, c.q, "q", Tr::kChunk);
   const CUtensorMap tk = make_tensor_map_bshd(op, c.k, "k", Tr::kChunk);
   const CUtensorMap tv = make_tensor_map_bshd(op, c.v, "v", Tr::kChunk);
+  // Varlen: sequences clamped into the tensors and launched the longest first, planned on the
+  // device (cu_seqlens is trusted and never read on the host).
+  VarlenSequencePlanBuffers plan;
+  if (c.cu_seqlens) plan = build_varlen_sequence_plan(*c.cu_seqlens, c.seqlen, Tr::kChunk);
+  // Delta rule: every chunk's ungated inverse first, by a fully parallel kernel.
+  at::Tensor t_u;
+  if (kDelta) {
+    t_u = at::empty({c.batch, c.seqlen, c.heads_v, Tr::kChunk}, c.q.options());
+    chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr, t_u);
+  }
+  const CUtensorMap tt = kDelta ? make_tensor_map_bshd(op, t_u, "T_u", Tr::kChunk) : tv;
   // Small per-token and per-sequence inputs are read with plain loads: make them dense.
   const at::Tensor g = c.g.contiguous();
   const at::Tensor beta = kDelta ? c.beta->contiguous() : at::Tensor();
@@ -32,7 +42,8 @@ void launch(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
   p.beta = kDelta ? beta.data_ptr<float>() : nullptr;
   p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
   p.final_state = final_state.defined() ? final_state.data_ptr<float>() : nullptr;
-  p.cu_seqlens = c.cu_seqlens ? c.cu_seqlens->data_ptr<int>() : nullptr;
+  p.sequences = plan.sequences;
+  p.order = plan.order;
   p.seqlen = static_cast<int>(c.seqlen);
   p.heads_v = static_cast<int>(c.heads_v);
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
@@ -40,7 +51,7 @@ void launch(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
   p.qk_l2norm = c.qk_l2norm;
 
   const dim3 grid(static_cast<unsigned>(c.num_seqs * c.heads_v * 2));  // (sequence, v-head, half)
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, p);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, tt, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -54,6 +65,8 @@ bool chunk_sm90_covers(const ChunkCall& c) {
   if (c.seqlen < 1 || c.num_seqs < 1) return false;  // nothing for a tensor map to describe
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   if (c.num_seqs * c.heads_v * 2 > kMaxInt || c.batch * c.seqlen > kMaxInt) return false;
+  // The inverse kernel's grid: one CTA per (chunk, v-head), at most T / 64 + N chunks.
+  if ((c.batch * c.seqlen / 64 + c.num_seqs) * c.heads_v > kMaxInt) return false;
   return tma_compatible(c.q) && tma_compatible(c.k) && tma_compatible(c.v);
 }
 

@@ -5,15 +5,16 @@
 // The state is kept transposed (S^T, v-columns as rows) so every product is a wgmma with M = 64
 // v-columns and the chain's operands come from registers or from tiles as TMA wrote them.
 // Roles (128 threads per warpgroup):
-//   warpgroup 0, warp 0  producer: TMA loads of the chunk's q, k (both halves of K) and this
-//                        CTA's 64 columns of v; cp.async of g and beta (zero past the chunk).
+//   warpgroup 0, warp 0  producer: TMA loads of the chunk's q, k (both halves of K), this
+//                        CTA's 64 columns of v and, for the delta rule, the chunk's ungated
+//                        inverse T_u (csrc/gla/chunk_sm90_inverse.cuh, run before this kernel);
+//                        cp.async of g and beta (zero past the chunk).
 //   warpgroup 1          prep, everything that does not depend on S, one chunk ahead:
 //                        G = cumsum(g) (log2 units), P = (Q K^T) . Gamma . [i >= j]  and, for the
-//                        delta rule, A = strict_lower(beta_i Gamma_ij k_i.k_j) and T = (I + A)^-1
-//                        (diagonal 16-blocks by substitution in fp32, the rest by tf32 mma.sync).
-//                        With use_qk_l2norm_in_kernel it first normalizes the stage's q and k
-//                        rows in place, before anyone else reads them (the chain waits for
-//                        prep_full).
+//                        delta rule, T = (I + strict_lower(beta_i Gamma_ij k_i.k_j))^-1
+//                        = Gamma . T_u, in place over T_u. With use_qk_l2norm_in_kernel it first
+//                        normalizes the stage's q and k rows in place, before anyone else reads
+//                        them (the chain waits for prep_full).
 //   warpgroup 2          chain, everything that depends on S (the serial part):
 //                          X^T = S^T K^T and Y^T = S^T Q^T                (wgmma SS)
 //                          V_new^T = (beta (V - e^G X))^T T^T           (wgmma RS; GLA: V)
@@ -39,10 +40,10 @@
 #include <cstdint>
 
 #include "gla/chunk_sm90_params.h"
+#include "gla/chunk_sm90_tiles.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
-#include "ptx/mma_sync.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
@@ -56,7 +57,6 @@ struct ChunkSm90Traits {
   static constexpr int kBlockV = 64;  // v-columns per CTA
   static constexpr int kStages = 2;
   static constexpr int kThreads = 384;
-  static constexpr int kScratchLd = 68;  // fp32 row stride: conflict-free mma.sync A loads
   static constexpr int kStageLd = 72;  // output staging row stride (elements)
   // setmaxnreg budget: 128 * (producer + prep + chain) <= 64K registers. Every warpgroup starts
   // at the __launch_bounds__ cap of 168; the producer gives back what prep and chain take.
@@ -72,7 +72,7 @@ struct ChunkSm90Traits {
     Element q[2][kChunk][64];  // [K half][token][64]
     Element k[2][kChunk][64];
     Element v[kChunk][64];     // this CTA's v-columns
-    Element t[kChunk][64];     // T[i][j] (delta rule)
+    Element t[kChunk][64];     // T_u[i][j] as loaded, then T (delta rule)
     Element p[kChunk][64];     // P[i][j]
     float g[kChunk];           // raw gates, zero past the chunk
     float beta[kChunk];        // raw beta, zero past the chunk
@@ -83,125 +83,46 @@ struct ChunkSm90Traits {
   struct alignas(1024) SharedStorage {
     Stage stage[kStages];
     Element st[2][kBlockV][64];  // S^T in 16 bits: [K half][v-column][64]
-    float a[kChunk][kScratchLd];     // A (fp32)
-    float tinv[kChunk][kScratchLd];  // T (fp32)
     Element o_stage[2][kChunk][kStageLd];
     uint64_t full[kStages], prep_full[kStages], empty[kStages];
   };
   static constexpr uint32_t kLoadBytes = sizeof(Stage::q) + sizeof(Stage::k) + sizeof(Stage::v);
+  static constexpr uint32_t kLoadBytesDelta = kLoadBytes + sizeof(Stage::t);
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
-
-// Byte offset of element (row, col) in a [rows][64] 16-bit tile with the 128-byte swizzle.
-__device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
-  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
-}
-
-// Plain shared-memory stores into a swizzled tile (the compiler may batch them; a later
-// fence.proxy.async and barrier publish them to wgmma).
-template <typename T>
-__device__ __forceinline__ void store_at(void* tile, uint32_t byte_offset, T value) {
-  *reinterpret_cast<T*>(static_cast<uint8_t*>(tile) + byte_offset) = value;
-}
-
-// C (16 x 16) += X (16 x 16) * Y (16 x 16), fp32 in shared memory with row strides ldx, ldy;
-// tf32 tensor-core products, fp32 accumulation. c[n] holds the 16 x 8 block n.
-__device__ __forceinline__ void mma_16x16x16_tf32(float (&c)[2][4], const float* x, int ldx,
-                                                  const float* y, int ldy, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    const uint32_t a[4] = {ptx::to_tf32(x[g * ldx + 8 * ks + t]),
-                           ptx::to_tf32(x[(g + 8) * ldx + 8 * ks + t]),
-                           ptx::to_tf32(x[g * ldx + 8 * ks + t + 4]),
-                           ptx::to_tf32(x[(g + 8) * ldx + 8 * ks + t + 4])};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const uint32_t b[2] = {ptx::to_tf32(y[(8 * ks + t) * ldy + 8 * nt + g]),
-                             ptx::to_tf32(y[(8 * ks + t + 4) * ldy + 8 * nt + g])};
-      ptx::mma_tf32_m16n8k8(c[nt], a, b);
-    }
-  }
-}
-
-// Writes s * C (the 16 x 16 mma_16x16x16_tf32 accumulator) to fp32 shared memory, row stride ld.
-__device__ __forceinline__ void store_16x16(const float (&c)[2][4], float s, float* dst, int ld,
-                                            int lane) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    dst[g * ld + 8 * nt + 2 * t] = s * c[nt][0];
-    dst[g * ld + 8 * nt + 2 * t + 1] = s * c[nt][1];
-    dst[(g + 8) * ld + 8 * nt + 2 * t] = s * c[nt][2];
-    dst[(g + 8) * ld + 8 * nt + 2 * t + 1] = s * c[nt][3];
-  }
-}
-
-// use_qk_l2norm_in_kernel: row `row` of a [2][64][64] swizzled q or k tile (one token's 128
-// key dims) becomes x / sqrt(sum x^2 + 1e-6), rounded to the 16-bit type as
-// flash-linear-attention's l2norm does before its chunk kernels.
-template <typename Element>
-__device__ __forceinline__ void l2norm_rows_in_place(Element* tile, int row) {
-  constexpr int kHalf = 64 * 64;  // elements per K half
-  float sum_sq = 0.f;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int part = 0; part < 8; ++part) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(
-          reinterpret_cast<const uint8_t*>(tile + half * kHalf) + sw128_offset(row, 8 * part));
-      const Element* x = reinterpret_cast<const Element*>(&raw);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum_sq = fmaf(ptx::to_float(x[e]), ptx::to_float(x[e]), sum_sq);
-    }
-  }
-  const float inv_norm = rsqrtf(sum_sq + 1e-6f);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int part = 0; part < 8; ++part) {
-      uint8_t* at = reinterpret_cast<uint8_t*>(tile + half * kHalf) + sw128_offset(row, 8 * part);
-      const uint4 raw = *reinterpret_cast<const uint4*>(at);
-      const Element* x = reinterpret_cast<const Element*>(&raw);
-      uint32_t w[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        w[e] = ptx::pack2<Element>(ptx::to_float(x[2 * e]) * inv_norm,
-                                   ptx::to_float(x[2 * e + 1]) * inv_norm);
-      }
-      *reinterpret_cast<uint4*>(at) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
-}
 
 template <typename Element, bool kDelta>
 __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     chunk_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
                       const __grid_constant__ CUtensorMap tmap_k,
-                      const __grid_constant__ CUtensorMap tmap_v, const ChunkSm90Params p) {
+                      const __grid_constant__ CUtensorMap tmap_v,
+                      const __grid_constant__ CUtensorMap tmap_t, const ChunkSm90Params p) {
   using Tr = ChunkSm90Traits<Element>;
-  constexpr int kChunk = Tr::kChunk, kStages = Tr::kStages, kLd = Tr::kScratchLd;
+  constexpr int kChunk = Tr::kChunk, kStages = Tr::kStages;
   constexpr float kLog2e = 1.4426950408889634f;
   const float neg_inf = __int_as_float(0xff800000);
 
+  // Aligned by offsetting the __shared__ array itself (not through an integer), so the
+  // compiler keeps shared-space accesses.
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+      smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
   // This CTA's (sequence n, v-head hv, v-half); the two halves of one head run side by side and
-  // share their q/k/v reads in L2.
+  // share their q/k/v reads in L2. Varlen sequences go in the plan's order, the longest first.
   const int half = blockIdx.x % 2;
   const int hv = (blockIdx.x / 2) % p.heads_v;
-  const int n = blockIdx.x / 2 / p.heads_v;
+  int n = blockIdx.x / 2 / p.heads_v;
   int len, tma_row0, tma_batch;
   int64_t row_base;  // row of the sequence's first token in the (B * T) token rows
-  if (p.cu_seqlens != nullptr) {
-    const int bos = p.cu_seqlens[n];
-    len = p.cu_seqlens[n + 1] - bos;
-    tma_row0 = bos;
+  if (p.sequences != nullptr) {
+    n = p.order[n];
+    const VarlenRows seq = p.sequences[n];
+    len = seq.len;
+    tma_row0 = seq.start;
     tma_batch = 0;
-    row_base = bos;
+    row_base = seq.start;
   } else {
     len = p.seqlen;
     tma_row0 = 0;
@@ -233,6 +154,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       ptx::tma_prefetch_descriptor(&tmap_q);
       ptx::tma_prefetch_descriptor(&tmap_k);
       ptx::tma_prefetch_descriptor(&tmap_v);
+      if constexpr (kDelta) ptx::tma_prefetch_descriptor(&tmap_t);
     }
     for (int c = 0; c < num_chunks; ++c) {
       const int st = c % kStages;
@@ -242,7 +164,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       ptx::mbarrier_wait(ptx::smem_addr(&s.empty[st]), phase ^ 1);
       const int row = tma_row0 + c * kChunk;
       if (lane == 0) {
-        ptx::mbarrier_arrive_expect_tx(full, Tr::kLoadBytes);
+        ptx::mbarrier_arrive_expect_tx(full, kDelta ? Tr::kLoadBytesDelta : Tr::kLoadBytes);
         for (int cb = 0; cb < 2; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&S.q[cb][0][0]), &tmap_q, full, cb * 64, row, head_qk,
                            tma_batch);
@@ -250,6 +172,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
                            tma_batch);
         }
         ptx::tma_load_4d(ptx::smem_addr(&S.v[0][0]), &tmap_v, full, v0, row, hv, tma_batch);
+        if constexpr (kDelta) {
+          ptx::tma_load_4d(ptx::smem_addr(&S.t[0][0]), &tmap_t, full, 0, row, hv, tma_batch);
+        }
       }
       const int valid_rows = min(kChunk, len - c * kChunk);
 #pragma unroll
@@ -288,8 +213,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         }
       }
 
-      // P_raw = Q K^T and, for the delta rule, A_raw = K K^T (token x token).
-      float pacc[32], aacc[32];
+      // P_raw = Q K^T (token x token).
+      float pacc[32];
       const uint32_t q_base = ptx::smem_addr(&S.q[0][0][0]);
       const uint32_t k_base = ptx::smem_addr(&S.k[0][0][0]);
       ptx::wgmma_fence();
@@ -301,7 +226,6 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
           const uint64_t dk = ptx::smem_desc_sw128(k_base + off, 0, 1024);
           ptx::WgmmaSS<64, Element>::run(pacc, ptx::smem_desc_sw128(q_base + off, 0, 1024), dk,
                                          (cb | kk) != 0);
-          if constexpr (kDelta) ptx::WgmmaSS<64, Element>::run(aacc, dk, dk, (cb | kk) != 0);
         }
       }
       ptx::wgmma_commit();
@@ -327,10 +251,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       ptx::named_barrier_sync(kPrepBar, 128);
       ptx::wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        ptx::fence_operand(pacc[i]);
-        if constexpr (kDelta) ptx::fence_operand(aacc[i]);
-      }
+      for (int i = 0; i < 32; ++i) ptx::fence_operand(pacc[i]);
 
       float g_col[16];  // G of this thread's 16 columns
 #pragma unroll
@@ -339,104 +260,37 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         g_col[2 * j] = g2v.x;
         g_col[2 * j + 1] = g2v.y;
       }
+      // P = P_raw . Gamma and, for the delta rule, T = Gamma . T_u, at the same (row, col)
+      // pairs. T rows of tokens past the sequence are zero: their T_u rows were not written
+      // (or belong to the next varlen sequence), and their beta is zero anyway.
+      const int valid_rows = min(kChunk, len - c * kChunk);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = frag_row + 8 * i;
         const float gi = S.g2[row];
-        const float bi = kDelta ? S.beta[row] : 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          float pv[2];
+          const uint32_t at = sw128_offset(row, 8 * j + frag_col);
+          float gamma[2];
 #pragma unroll
           for (int cc = 0; cc < 2; ++cc) {
             const int col = 8 * j + frag_col + cc;
             // Selected before exp: the upper triangle never reaches the exponential.
-            const float gamma = ptx::exp2_approx(row >= col ? gi - g_col[2 * j + cc] : neg_inf);
-            pv[cc] = pacc[4 * j + 2 * i + cc] * gamma;
-            if constexpr (kDelta) s.a[row][col] = row > col ? bi * aacc[4 * j + 2 * i + cc] * gamma : 0.f;
+            gamma[cc] = ptx::exp2_approx(row >= col ? gi - g_col[2 * j + cc] : neg_inf);
           }
-          store_at(&S.p[0][0], sw128_offset(row, 8 * j + frag_col),
-                   ptx::pack2<Element>(pv[0], pv[1]));
-        }
-      }
-
-      if constexpr (kDelta) {
-        ptx::named_barrier_sync(kPrepBar, 128);
-        // T = (I + A)^-1, A strictly lower, by 16 x 16 blocks (D_a = T_aa):
-        //   T_ab = sum_{m=b}^{a-1} E_am T_mb,  E_am = -D_a A_am  (a > b),
-        // evaluated by distance a - b so the four warps work side by side.
-        // 1. D_w: warp w, lane c < 16 owns column c of block w and runs forward substitution
-        //    (row loads are broadcasts).
-        if (lane < 16) {
-          const int b0 = warp * 16;
-          float t[16];
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {
-            float arow[16];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const float4 v4 = *reinterpret_cast<const float4*>(&s.a[b0 + i][b0 + 4 * q]);
-              arow[4 * q] = v4.x, arow[4 * q + 1] = v4.y, arow[4 * q + 2] = v4.z, arow[4 * q + 3] = v4.w;
-            }
-            float acc = i == lane ? 1.f : 0.f;
-#pragma unroll
-            for (int j = 0; j < i; ++j) acc = fmaf(-arow[j], t[j], acc);
-            t[i] = acc;
+          store_at(&S.p[0][0], at,
+                   ptx::pack2<Element>(pacc[4 * j + 2 * i] * gamma[0],
+                                       pacc[4 * j + 2 * i + 1] * gamma[1]));
+          if constexpr (kDelta) {
+            const uint32_t raw = load_at<uint32_t>(&S.t[0][0], at);
+            const Element* t_u = reinterpret_cast<const Element*>(&raw);
+            const int col = 8 * j + frag_col;
+            const bool row_in = row < valid_rows;
+            store_at(&S.t[0][0], at,
+                     ptx::pack2<Element>(
+                         row_in && row >= col ? gamma[0] * ptx::to_float(t_u[0]) : 0.f,
+                         row_in && row >= col + 1 ? gamma[1] * ptx::to_float(t_u[1]) : 0.f));
           }
-#pragma unroll
-          for (int i = 0; i < 16; ++i) s.tinv[b0 + i][b0 + lane] = t[i];
-        }
-        ptx::named_barrier_sync(kPrepBar, 128);
-        auto blk_a = [&](int r, int c) { return &s.a[16 * r][16 * c]; };
-        auto blk_t = [&](int r, int c) { return &s.tinv[16 * r][16 * c]; };
-        // E_am = -D_a A_am, written over A_am (a warp reads its operands before it stores).
-        auto make_e = [&](int a, int m) {
-          float e[2][4] = {};
-          mma_16x16x16_tf32(e, blk_t(a, a), kLd, blk_a(a, m), kLd, lane);
-          __syncwarp();
-          store_16x16(e, -1.f, blk_a(a, m), kLd, lane);
-          __syncwarp();
-        };
-        // 2. distance 1 (warps 0-2), and the E blocks distances 2-3 need (warp 3).
-        if (warp < 3) {
-          make_e(warp + 1, warp);
-          float t1[2][4] = {};
-          mma_16x16x16_tf32(t1, blk_a(warp + 1, warp), kLd, blk_t(warp, warp), kLd, lane);
-          store_16x16(t1, 1.f, blk_t(warp + 1, warp), kLd, lane);
-        } else {
-          make_e(2, 0);
-          make_e(3, 1);
-          make_e(3, 0);
-        }
-        ptx::named_barrier_sync(kPrepBar, 128);
-        // 3. distance 2 (warps 0, 1); warp 2 starts T_30 = E_30 D_0 + E_31 T_10 (+ E_32 T_20).
-        float t2[2][4] = {};
-        if (warp < 3) {
-          const int a = warp == 2 ? 3 : warp + 2, b = warp == 2 ? 0 : warp;
-          mma_16x16x16_tf32(t2, blk_a(a, b), kLd, blk_t(b, b), kLd, lane);
-          mma_16x16x16_tf32(t2, blk_a(a, b + 1), kLd, blk_t(b + 1, b), kLd, lane);
-          if (warp < 2) store_16x16(t2, 1.f, blk_t(a, b), kLd, lane);
-        }
-        ptx::named_barrier_sync(kPrepBar, 128);
-        // 4. distance 3.
-        if (warp == 2) {
-          mma_16x16x16_tf32(t2, blk_a(3, 2), kLd, blk_t(2, 0), kLd, lane);
-          store_16x16(t2, 1.f, blk_t(3, 0), kLd, lane);
-        }
-        ptx::named_barrier_sync(kPrepBar, 128);
-        // T -> 16 bits, row i = tid / 2, 32 columns per thread, 16-byte swizzled stores.
-        const int row = tid / 2;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int col0 = (tid % 2) * 32 + q * 8;
-          uint32_t w[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int c0 = col0 + 2 * e;
-            w[e] = ptx::pack2<Element>(c0 <= row ? s.tinv[row][c0] : 0.f,
-                                       c0 + 1 <= row ? s.tinv[row][c0 + 1] : 0.f);
-          }
-          store_at(&S.t[0][0], sw128_offset(row, col0), make_uint4(w[0], w[1], w[2], w[3]));
         }
       }
       ptx::fence_proxy_async_smem();  // P and T are read by the chain's wgmmas
@@ -566,8 +420,11 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         for (int i = 0; i < 2; ++i) {
 #pragma unroll
           for (int cc = 0; cc < 2; ++cc) {
+            // Loaded unconditionally (always inside the tile), then selected: a conditional
+            // shared load compiles to a divergent branch around each of the 32 loads.
             const int token = 8 * j + frag_col + cc;
-            vnew[4 * j + 2 * i + cc] = token < valid_rows ? v_at(token, frag_row + 8 * i) : 0.f;
+            const float v = v_at(token, frag_row + 8 * i);
+            vnew[4 * j + 2 * i + cc] = token < valid_rows ? v : 0.f;
           }
         }
       }

@@ -1,0 +1,53 @@
+// Device helpers of the varlen work schedules (csrc/attention/varlen_schedule.cuh) that the
+// kernels reading a schedule share: CTA-wide scans and the flat-index -> sequence lookup.
+#pragma once
+
+namespace dsv4 {
+
+constexpr int kVarlenScheduleThreads = 1024;
+constexpr int kVarlenCostBuckets = 2 * kVarlenScheduleThreads;  // key tiles, the last one open
+
+namespace varlen_detail {
+
+// Exclusive prefix sum over the CTA of one value per thread; `total` gets the sum.
+__device__ __forceinline__ int block_exclusive_scan(int value, int& total, int* warp_sums) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = value;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, d);
+    if (lane >= d) inclusive += other;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_sums[lane];  // kVarlenScheduleThreads / 32 == 32 warps
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int other = __shfl_up_sync(0xffffffffu, w, d);
+      if (lane >= d) w += other;
+    }
+    warp_sums[lane] = w;
+  }
+  __syncthreads();
+  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + inclusive - value;
+  total = warp_sums[31];
+  __syncthreads();  // warp_sums is reused by the next scan
+  return before;
+}
+
+// The sequence that holds flat tile i: the last b with tile_start[b] <= i.
+__device__ __forceinline__ int sequence_of(const int* tile_start, int batch, int i) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_start[mid] <= i) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ int clamp_row(int v, int lo, int hi) { return min(max(v, lo), hi); }
+
+}  // namespace varlen_detail
+
+}  // namespace dsv4

@@ -1,0 +1,156 @@
+// sm90a: the ungated WY inverse of every 64-token chunk of chunk_gated_delta_rule, all chunks
+// in parallel (one CTA, one warpgroup, per (chunk, v-head)):
+//   T_u = (I + strict_lower(diag(beta) K K^T))^-1.
+// The main kernel needs T = (I + strict_lower(diag(beta) (Gamma . K K^T)))^-1 with
+// Gamma_ij = e^(G_i - G_j), G the chunk's cumulative gate. Since Gamma . X = D X D^-1 for
+// D = diag(e^G), and diagonal matrices commute with diag(beta) and with taking the strict
+// lower part, T = D T_u D^-1 = Gamma . T_u: the main kernel's prep applies the gate
+// elementwise, and the inverse leaves its serial chain.
+// T_u rows are stored at their tokens' rows of a (B, T, HV, 64) tensor, only for tokens inside
+// the sequence, so a chunk's rows never overwrite the next varlen sequence's.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "attention/varlen_device.cuh"
+#include "gla/chunk_sm90_params.h"
+#include "gla/chunk_sm90_tiles.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace dsv4 {
+
+template <typename Element>
+struct ChunkInverseTraits {
+  static constexpr int kChunk = 64;
+  static constexpr int kThreads = 128;
+  static constexpr int kLd = 68;  // fp32 row stride: conflict-free mma.sync A loads
+  struct alignas(1024) SharedStorage {
+    Element k[2][kChunk][64];  // [K half][token][64], 128-byte swizzle (TMA)
+    float a[kChunk][kLd];
+    float t[kChunk][kLd];
+    float beta[kChunk];
+    uint64_t full;
+  };
+  static constexpr uint32_t kLoadBytes = sizeof(SharedStorage::k);
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+};
+
+template <typename Element>
+__global__ void __launch_bounds__(128, 4)
+    chunk_sm90_inverse_kernel(const __grid_constant__ CUtensorMap tmap_k,
+                              const ChunkSm90InverseParams p) {
+  using Tr = ChunkInverseTraits<Element>;
+  constexpr int kChunk = Tr::kChunk;
+  extern __shared__ uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(
+      smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+
+  // This CTA's (chunk slot, v-head); the v-heads of one chunk are adjacent and share k in L2.
+  const int hv = blockIdx.x % p.heads_v;
+  const int slot = blockIdx.x / p.heads_v;
+  int c, len, tma_row, tma_batch;
+  int64_t row_base;
+  if (p.sequences != nullptr) {
+    if (slot >= p.chunk_start[p.num_seqs]) return;  // the grid is an upper bound
+    const int n = varlen_detail::sequence_of(p.chunk_start, p.num_seqs, slot);
+    const VarlenRows seq = p.sequences[n];
+    c = slot - p.chunk_start[n];
+    len = seq.len;
+    row_base = seq.start;
+    tma_row = seq.start + c * kChunk;
+    tma_batch = 0;
+  } else {
+    const int n = slot / p.chunks_per_seq;
+    c = slot % p.chunks_per_seq;
+    len = p.seqlen;
+    row_base = static_cast<int64_t>(n) * p.seqlen;
+    tma_row = c * kChunk;
+    tma_batch = n;
+  }
+  const int valid_rows = min(kChunk, len - c * kChunk);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t full = ptx::smem_addr(&s.full);
+
+  if (tid == 0) {
+    ptx::mbarrier_init(full, 1);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    ptx::mbarrier_arrive_expect_tx(full, Tr::kLoadBytes);
+    for (int cb = 0; cb < 2; ++cb) {
+      ptx::tma_load_4d(ptx::smem_addr(&s.k[cb][0][0]), &tmap_k, full, cb * 64, tma_row,
+                       hv / p.group, tma_batch);
+    }
+  }
+  if (tid < kChunk) {
+    const int64_t row = row_base + c * kChunk + tid;
+    s.beta[tid] = tid < valid_rows ? p.beta[row * p.heads_v + hv] : 0.f;
+  }
+  ptx::mbarrier_wait(full, 0);
+  if (p.qk_l2norm && tid < kChunk) {
+    l2norm_rows_in_place<Element>(&s.k[0][0][0], tid);
+    ptx::fence_proxy_async_smem();  // the normalized rows are read by wgmma
+  }
+  __syncthreads();
+
+  // K K^T (token x token), then A = strict_lower(beta_i k_i.k_j) over the chunk's tokens. Rows
+  // past the sequence (zero-filled, or the next sequence's) are selected away, never scaled.
+  float acc[32];
+  const uint32_t k_base = ptx::smem_addr(&s.k[0][0][0]);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int cb = 0; cb < 2; ++cb) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t dk = ptx::smem_desc_sw128(k_base + cb * kChunk * 128 + kk * 32, 0, 1024);
+      ptx::WgmmaSS<64, Element>::run(acc, dk, dk, (cb | kk) != 0);
+    }
+  }
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
+  const int frag_row = warp * 16 + lane / 4, frag_col = 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = frag_row + 8 * i;
+    const float b = s.beta[row];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int col = 8 * j + frag_col + cc;
+        s.a[row][col] = row > col && row < valid_rows ? b * acc[4 * j + 2 * i + cc] : 0.f;
+      }
+    }
+  }
+  __syncthreads();
+  invert_unit_lower_64<Tr::kLd>(s.a, s.t, warp, lane, [] { __syncthreads(); });
+
+  // Rows inside the sequence to HBM: row tid / 2, 32 columns per thread, 16-byte stores.
+  const int row = tid / 2;
+  if (row < valid_rows) {
+    Element* dst = static_cast<Element*>(p.t_u) +
+                   ((row_base + c * kChunk + row) * p.heads_v + hv) * kChunk + (tid % 2) * 32;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int col0 = (tid % 2) * 32 + q * 8;
+      uint32_t w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c0 = col0 + 2 * e;
+        w[e] = ptx::pack2<Element>(c0 <= row ? s.t[row][c0] : 0.f,
+                                   c0 + 1 <= row ? s.t[row][c0 + 1] : 0.f);
+      }
+      *reinterpret_cast<uint4*>(dst + q * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+}  // namespace dsv4

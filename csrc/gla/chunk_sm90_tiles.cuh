@@ -1,0 +1,172 @@
+// Device helpers shared by the sm90 chunk kernels (csrc/gla/chunk_sm90_*.cuh): swizzled 16-bit
+// tiles, the fused l2norm of q and k rows, and the 64 x 64 unit-lower-triangular inverse.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "ptx/math.cuh"
+#include "ptx/mma_sync.cuh"
+
+namespace dsv4 {
+
+// Byte offset of element (row, col) in a [rows][64] 16-bit tile with the 128-byte swizzle.
+__device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
+  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
+}
+
+// Plain shared-memory stores into a swizzled tile (the compiler may batch them; a later
+// fence.proxy.async and barrier publish them to wgmma).
+template <typename T>
+__device__ __forceinline__ void store_at(void* tile, uint32_t byte_offset, T value) {
+  *reinterpret_cast<T*>(static_cast<uint8_t*>(tile) + byte_offset) = value;
+}
+
+template <typename T>
+__device__ __forceinline__ T load_at(const void* tile, uint32_t byte_offset) {
+  return *reinterpret_cast<const T*>(static_cast<const uint8_t*>(tile) + byte_offset);
+}
+
+// C (16 x 16) += X (16 x 16) * Y (16 x 16), fp32 in shared memory with row strides ldx, ldy;
+// tf32 tensor-core products, fp32 accumulation. c[n] holds the 16 x 8 block n.
+__device__ __forceinline__ void mma_16x16x16_tf32(float (&c)[2][4], const float* x, int ldx,
+                                                  const float* y, int ldy, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const uint32_t a[4] = {ptx::to_tf32(x[g * ldx + 8 * ks + t]),
+                           ptx::to_tf32(x[(g + 8) * ldx + 8 * ks + t]),
+                           ptx::to_tf32(x[g * ldx + 8 * ks + t + 4]),
+                           ptx::to_tf32(x[(g + 8) * ldx + 8 * ks + t + 4])};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint32_t b[2] = {ptx::to_tf32(y[(8 * ks + t) * ldy + 8 * nt + g]),
+                             ptx::to_tf32(y[(8 * ks + t + 4) * ldy + 8 * nt + g])};
+      ptx::mma_tf32_m16n8k8(c[nt], a, b);
+    }
+  }
+}
+
+// Writes s * C (the 16 x 16 mma_16x16x16_tf32 accumulator) to fp32 shared memory, row stride ld.
+__device__ __forceinline__ void store_16x16(const float (&c)[2][4], float s, float* dst, int ld,
+                                            int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    dst[g * ld + 8 * nt + 2 * t] = s * c[nt][0];
+    dst[g * ld + 8 * nt + 2 * t + 1] = s * c[nt][1];
+    dst[(g + 8) * ld + 8 * nt + 2 * t] = s * c[nt][2];
+    dst[(g + 8) * ld + 8 * nt + 2 * t + 1] = s * c[nt][3];
+  }
+}
+
+// use_qk_l2norm_in_kernel: row `row` of a [2][64][64] swizzled q or k tile (one token's 128
+// key dims) becomes x / sqrt(sum x^2 + 1e-6), rounded to the 16-bit type as
+// flash-linear-attention's l2norm does before its chunk kernels.
+template <typename Element>
+__device__ __forceinline__ void l2norm_rows_in_place(Element* tile, int row) {
+  constexpr int kHalf = 64 * 64;  // elements per K half
+  float sum_sq = 0.f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int part = 0; part < 8; ++part) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(
+          reinterpret_cast<const uint8_t*>(tile + half * kHalf) + sw128_offset(row, 8 * part));
+      const Element* x = reinterpret_cast<const Element*>(&raw);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum_sq = fmaf(ptx::to_float(x[e]), ptx::to_float(x[e]), sum_sq);
+    }
+  }
+  const float inv_norm = rsqrtf(sum_sq + 1e-6f);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int part = 0; part < 8; ++part) {
+      uint8_t* at = reinterpret_cast<uint8_t*>(tile + half * kHalf) + sw128_offset(row, 8 * part);
+      const uint4 raw = *reinterpret_cast<const uint4*>(at);
+      const Element* x = reinterpret_cast<const Element*>(&raw);
+      uint32_t w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        w[e] = ptx::pack2<Element>(ptx::to_float(x[2 * e]) * inv_norm,
+                                   ptx::to_float(x[2 * e + 1]) * inv_norm);
+      }
+      *reinterpret_cast<uint4*>(at) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// T = (I + A)^-1 for a strictly lower 64 x 64 fp32 A in shared memory (row stride kLd), by one
+// warpgroup (warp 0-3, lane); A is overwritten, T lands in `t` (its upper triangle is not
+// written). 16 x 16 blocks (D_a = T_aa):
+//   T_ab = sum_{m=b}^{a-1} E_am T_mb,  E_am = -D_a A_am  (a > b),
+// evaluated by distance a - b so the four warps work side by side. `sync` is a barrier over the
+// warpgroup's 128 threads.
+template <int kLd, typename Sync>
+__device__ __forceinline__ void invert_unit_lower_64(float (*a)[kLd], float (*t)[kLd], int warp,
+                                                     int lane, Sync sync) {
+  // 1. D_w: warp w, lane c < 16 owns column c of block w and runs forward substitution
+  //    (row loads are broadcasts).
+  if (lane < 16) {
+    const int b0 = warp * 16;
+    float col[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float arow[16];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float4 v4 = *reinterpret_cast<const float4*>(&a[b0 + i][b0 + 4 * q]);
+        arow[4 * q] = v4.x, arow[4 * q + 1] = v4.y, arow[4 * q + 2] = v4.z, arow[4 * q + 3] = v4.w;
+      }
+      float acc = i == lane ? 1.f : 0.f;
+#pragma unroll
+      for (int j = 0; j < i; ++j) acc = fmaf(-arow[j], col[j], acc);
+      col[i] = acc;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) t[b0 + i][b0 + lane] = col[i];
+  }
+  sync();
+  auto blk_a = [&](int r, int c) { return &a[16 * r][16 * c]; };
+  auto blk_t = [&](int r, int c) { return &t[16 * r][16 * c]; };
+  // E_am = -D_a A_am, written over A_am (a warp reads its operands before it stores).
+  auto make_e = [&](int r, int m) {
+    float e[2][4] = {};
+    mma_16x16x16_tf32(e, blk_t(r, r), kLd, blk_a(r, m), kLd, lane);
+    __syncwarp();
+    store_16x16(e, -1.f, blk_a(r, m), kLd, lane);
+    __syncwarp();
+  };
+  // 2. distance 1 (warps 0-2), and the E blocks distances 2-3 need (warp 3).
+  if (warp < 3) {
+    make_e(warp + 1, warp);
+    float t1[2][4] = {};
+    mma_16x16x16_tf32(t1, blk_a(warp + 1, warp), kLd, blk_t(warp, warp), kLd, lane);
+    store_16x16(t1, 1.f, blk_t(warp + 1, warp), kLd, lane);
+  } else {
+    make_e(2, 0);
+    make_e(3, 1);
+    make_e(3, 0);
+  }
+  sync();
+  // 3. distance 2 (warps 0, 1); warp 2 starts T_30 = E_30 D_0 + E_31 T_10 (+ E_32 T_20).
+  float t2[2][4] = {};
+  if (warp < 3) {
+    const int r = warp == 2 ? 3 : warp + 2, c = warp == 2 ? 0 : warp;
+    mma_16x16x16_tf32(t2, blk_a(r, c), kLd, blk_t(c, c), kLd, lane);
+    mma_16x16x16_tf32(t2, blk_a(r, c + 1), kLd, blk_t(c + 1, c), kLd, lane);
+    if (warp < 2) store_16x16(t2, 1.f, blk_t(r, c), kLd, lane);
+  }
+  sync();
+  // 4. distance 3.
+  if (warp == 2) {
+    mma_16x16x16_tf32(t2, blk_a(3, 2), kLd, blk_t(2, 0), kLd, lane);
+    store_16x16(t2, 1.f, blk_t(3, 0), kLd, lane);
+  }
+  sync();
+}
+
+}  // namespace dsv4
