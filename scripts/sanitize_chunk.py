@@ -1,7 +1,9 @@
 """A small varlen call of each chunked op on the sm90 path, for compute-sanitizer
 memcheck/racecheck: lengths straddle the 64-token chunk, one sequence is empty, GVA ratio 2,
 initial and final state, so every role and both pipeline stages wrap around; the delta rule
-also runs with use_qk_l2norm_in_kernel."""
+also runs with use_qk_l2norm_in_kernel, and simple GLA once more cut into segments."""
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -27,6 +29,11 @@ o2, f2 = dsv4_attn.chunk_simple_gla(q, k, v, g, initial_state=s0, output_final_s
 o3, f3 = dsv4_attn.chunk_gated_delta_rule(3 * q, k, v, g.bfloat16(), beta.bfloat16(),
                                           initial_state=s0, output_final_state=True,
                                           cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
+# Simple GLA cut into segments (state-only pass, combine, second pass), dense with B = 2.
+os.environ["DSV4_CHUNK_SEGMENTS"] = "3"
+dense = [x.view(2, 165, *x.shape[2:])[:, :160].contiguous() for x in (q, k, v, g)]
+o4, f4 = dsv4_attn.chunk_simple_gla(*dense, initial_state=s0[:2], output_final_state=True)
+del os.environ["DSV4_CHUNK_SEGMENTS"]
 torch.cuda.synchronize()
-assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3))
+assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3, o4, f4))
 print("sanitize_chunk: sm90 path ran for both ops (and the fused l2norm), outputs finite")

@@ -270,3 +270,72 @@ def test_chunk_sm90_varlen_cuda_graph_new_lengths(gen, op):
         want_o, want_final = run_op(op, *fresh[:5], initial_state=fresh[5],
                                     output_final_state=True, cu_seqlens=new_cu)
         assert torch.equal(o, want_o) and torch.equal(final, want_final)
+
+
+def _head_gates(gen, b, t, hv):
+    """Exactly zero gates (no decay, where truncating the history is never exact) on the first
+    half of the v-heads, strong decay (down to -5 per token) on the rest."""
+    g = -5.0 * torch.rand(b, t, hv, generator=gen)
+    g[..., : hv // 2] = 0.0
+    return g.cuda()
+
+
+@needs_sm90
+@pytest.mark.parametrize("segments", [3, 7])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_chunk_sm90_gla_segments_match_oracle(gen, monkeypatch, segments, with_state):
+    """Simple GLA cut into segments (forced) matches the oracle and the unsplit kernel, with
+    zero-gate heads, a ragged last segment and two sequences."""
+    b, t, h, hv = 2, 1000, 2, 4
+    q, k, v, _, beta, s0 = make_inputs(gen, b, t, h, hv, b)
+    g = _head_gates(gen, b, t, hv)
+    kw = dict(initial_state=s0 if with_state else None, output_final_state=True)
+    o_whole, f_whole = run_op("simple_gla", q, k, v, g, beta, **kw)
+    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", str(segments))
+    poison_allocator(v.numel() * v.element_size() + b * hv * 128 * 128 * 4 + (1 << 20), "cuda")
+    o, final = run_op("simple_gla", q, k, v, g, beta, **kw)
+    want_o, want_final = run_oracle("simple_gla", q, k, v, g, beta, **kw)
+    assert_rel_rms(o, want_o, "o")
+    assert_rel_rms(final, want_final, "final_state")
+    assert rel_rms(o, o_whole) <= 2e-3 and rel_rms(final, f_whole) <= 1e-4
+    o2, f2 = run_op("simple_gla", q, k, v, g, beta, **kw)
+    assert torch.equal(o, o2) and torch.equal(final, f2), "not deterministic"
+
+
+@needs_sm90
+@pytest.mark.parametrize("t", [65536, 131072])
+@pytest.mark.parametrize("op", OPS)
+def test_chunk_sm90_long_few_heads(gen, monkeypatch, op, t):
+    """The long few-head shapes (simple GLA splits them into segments on its own) against the
+    fp32 reference path: zero gates on half the heads, strong decay on the rest, an initial and
+    a final state."""
+    q, k, v, _, beta, s0 = make_inputs(gen, 1, t, 2, 8, 1)
+    g = _head_gates(gen, 1, t, 8)
+    kw = dict(initial_state=s0, output_final_state=True)
+    o, final = run_op(op, q, k, v, g, beta, **kw)
+    assert not torch.isnan(o).any() and not torch.isnan(final).any()
+    monkeypatch.setenv("DSV4_DISABLE_SM90", "1")
+    o_ref, final_ref = run_op(op, q, k, v, g, beta, **kw)
+    assert rel_rms(o, o_ref) <= REL_RMS_LIMIT, f"o: {rel_rms(o, o_ref):.2e}"
+    assert rel_rms(final, final_ref) <= REL_RMS_LIMIT, f"final: {rel_rms(final, final_ref):.2e}"
+
+
+@needs_sm90
+def test_chunk_sm90_gla_segments_cuda_graph(gen, monkeypatch):
+    """The segmented simple GLA (two passes and the combine) is capturable and replays see new
+    data."""
+    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "3")
+    static = list(make_inputs(gen, 2, 500, 2, 4, 2, "mild"))
+    kw = dict(initial_state=static[5], output_final_state=True)
+    run_op("simple_gla", *static[:5], **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, final = run_op("simple_gla", *static[:5], **kw)
+    fresh = make_inputs(gen, 2, 500, 2, 4, 2, "extreme")
+    for dst, src in zip(static, fresh):
+        dst.copy_(src)
+    graph.replay()
+    want_o, want_final = run_op("simple_gla", *fresh[:5], initial_state=fresh[5],
+                                output_final_state=True)
+    assert torch.equal(o, want_o) and torch.equal(final, want_final)

@@ -2,6 +2,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <limits>
 
 #include "gla/chunk_sm90.h"
@@ -10,8 +12,10 @@
 namespace dsv4 {
 namespace {
 
+// One launch of the main kernel (after the delta rule's inverse kernel). o: the output's data,
+// or nullptr for a state-only pass; final_state may be undefined.
 template <typename Element, bool kDelta>
-void launch(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
+void launch(const ChunkCall& c, void* o, at::Tensor& final_state) {
   using Tr = ChunkSm90Traits<Element>;
   const char* op = kDelta ? "chunk_gated_delta_rule" : "chunk_simple_gla";
   auto kernel = chunk_sm90_kernel<Element, kDelta>;
@@ -37,7 +41,7 @@ void launch(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
   const at::Tensor s0 = c.initial_state ? c.initial_state->contiguous() : at::Tensor();
 
   ChunkSm90Params p;
-  p.o = o.data_ptr();
+  p.o = o;
   p.g = g.data_ptr<float>();
   p.beta = kDelta ? beta.data_ptr<float>() : nullptr;
   p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
@@ -53,6 +57,76 @@ void launch(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
   const dim3 grid(static_cast<unsigned>(c.num_seqs * c.heads_v * 2));  // (sequence, v-head, half)
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, tt, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Simple GLA's chunk-to-chunk map is S <- gamma S + B with a scalar gamma, so a long sequence
+// can be cut into segments walked in parallel: a state-only pass computes each segment's state
+// from zero (L_j), a batched product combines them exactly,
+//   S_k = sum_{j<k} e^(E_k - E_(j+1)) L_j + e^(E_k) S_0,  E_k = the gate sum before segment k,
+// and a second pass walks every segment from its S_k and writes o. That is twice the chain's
+// work, so it is used only when the unsplit grid leaves most SMs idle. Dense calls only.
+// DSV4_CHUNK_SEGMENTS=N forces N segments per sequence (1: off), for tests and timing.
+int64_t gla_segments(const ChunkCall& c) {
+  constexpr int64_t kChunk = 64, kMinSegmentChunks = 16;
+  if (c.rule != ChunkRule::kSimpleGla || c.cu_seqlens) return 1;
+  for (const at::Tensor* t : {&c.q, &c.k, &c.v}) {  // (B, T) must merge into one token dim
+    if (c.batch > 1 && t->stride(0) != c.seqlen * t->stride(1)) return 1;
+  }
+  const int64_t chunks = (c.seqlen + kChunk - 1) / kChunk;
+  if (const char* forced = std::getenv("DSV4_CHUNK_SEGMENTS")) {
+    return std::clamp<int64_t>(std::atoll(forced), 1, chunks);
+  }
+  const int64_t ctas = c.num_seqs * c.heads_v * 2;
+  const int64_t sms = device_info(c.q.get_device()).num_sms;
+  if (ctas * 4 > sms) return 1;
+  return std::max<int64_t>(1, std::min(sms / ctas, chunks / kMinSegmentChunks));
+}
+
+template <typename Element>
+void launch_gla_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
+                          at::Tensor& final_state) {
+  constexpr int64_t kChunk = 64, kKV = 128 * 128;
+  const int64_t b = c.batch, t = c.seqlen, hv = c.heads_v;
+  const int64_t seg_len = ((t + kChunk - 1) / kChunk + segments - 1) / segments * kChunk;
+  const int64_t n = (t + seg_len - 1) / seg_len;  // segments per sequence
+  // The segments as varlen sequences over the (1, B * T) token rows, built on the device.
+  const at::Tensor idx = at::arange(b * n + 1, c.q.options().dtype(at::kLong));
+  const at::Tensor cu =
+      (idx.div(n, "floor") * t + at::clamp_max(idx.remainder(n) * seg_len, t)).to(at::kInt);
+  ChunkCall seg = c;
+  seg.q = c.q.view({1, b * t, c.heads_qk, c.dim_k});
+  seg.k = c.k.view({1, b * t, c.heads_qk, c.dim_k});
+  seg.v = c.v.view({1, b * t, hv, c.dim_v});
+  seg.g = c.g.reshape({1, b * t, hv});
+  seg.batch = 1;
+  seg.seqlen = b * t;
+  seg.num_seqs = b * n;
+  seg.cu_seqlens = cu;
+  seg.initial_state = std::nullopt;
+  at::Tensor local = at::empty({b * n, hv, 128, 128}, c.q.options().dtype(at::kFloat));
+  launch<Element, false>(seg, nullptr, local);
+
+  // Starting states, in float64 (gate sums over long segments; no TF32 whatever the flags).
+  const at::Tensor gsum = at::constant_pad_nd(c.g.to(at::kDouble), {0, 0, 0, n * seg_len - t})
+                              .view({b, n, seg_len, hv})
+                              .sum(2)
+                              .permute({0, 2, 1});  // (B, HV, n)
+  const at::Tensor before = gsum.cumsum(-1) - gsum;  // E_k
+  const at::Tensor weight = (before.unsqueeze(-1) - (before + gsum).unsqueeze(-2)).exp().tril(-1);
+  at::Tensor start =
+      at::matmul(weight, local.view({b, n, hv, kKV}).permute({0, 2, 1, 3}).to(at::kDouble));
+  if (c.initial_state) {
+    start += before.exp().unsqueeze(-1) *
+             c.initial_state->reshape({b, hv, 1, kKV}).to(at::kDouble);
+  }
+  seg.initial_state = start.permute({0, 2, 1, 3}).to(at::kFloat).contiguous().view(
+      {b * n, hv, 128, 128});
+
+  at::Tensor seg_final = at::empty({b * n, hv, 128, 128}, c.q.options().dtype(at::kFloat));
+  launch<Element, false>(seg, o.data_ptr(), seg_final);
+  if (final_state.defined()) {
+    final_state.copy_(seg_final.view({b, n, hv, 128, 128}).select(1, n - 1));
+  }
 }
 
 }  // namespace
@@ -73,11 +147,15 @@ bool chunk_sm90_covers(const ChunkCall& c) {
 void chunk_sm90(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
   const bool bf16 = c.q.scalar_type() == at::kBFloat16;
   if (c.rule == ChunkRule::kGatedDelta) {
-    return bf16 ? launch<__nv_bfloat16, true>(c, o, final_state)
-                : launch<__half, true>(c, o, final_state);
+    return bf16 ? launch<__nv_bfloat16, true>(c, o.data_ptr(), final_state)
+                : launch<__half, true>(c, o.data_ptr(), final_state);
   }
-  return bf16 ? launch<__nv_bfloat16, false>(c, o, final_state)
-              : launch<__half, false>(c, o, final_state);
+  if (const int64_t segments = gla_segments(c); segments > 1) {
+    return bf16 ? launch_gla_segmented<__nv_bfloat16>(c, segments, o, final_state)
+                : launch_gla_segmented<__half>(c, segments, o, final_state);
+  }
+  return bf16 ? launch<__nv_bfloat16, false>(c, o.data_ptr(), final_state)
+              : launch<__half, false>(c, o.data_ptr(), final_state);
 }
 
 }  // namespace dsv4

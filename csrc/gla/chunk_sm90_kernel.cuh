@@ -478,8 +478,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 
     store_state();
     Element* stage_o = &s.o_stage[c % 2][0][0];
+    const bool write_o = out != nullptr;  // no o: a state-only pass (intra-sequence split)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 8 && write_o; ++j) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -495,7 +496,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int idx = tid + 128 * u, token = idx / 8, part = idx % 8;
-      if (token < valid_rows) {
+      if (write_o && token < valid_rows) {
         const uint4 val = *reinterpret_cast<const uint4*>(stage_o + token * Tr::kStageLd + part * 8);
         const int64_t row = row_base + c * kChunk + token;
         *reinterpret_cast<uint4*>(out + (row * p.heads_v + hv) * 128 + v0 + part * 8) = val;

@@ -8,7 +8,7 @@ namespace dsv4 {
 
 // The main kernel (csrc/gla/chunk_sm90_kernel.cuh): one CTA per (sequence, v-head, half of V).
 struct ChunkSm90Params {
-  void* o;                     // (B, T, HV, 128), contiguous, q's dtype
+  void* o;                     // (B, T, HV, 128), contiguous, q's dtype; nullptr: state only
   const float* g;              // (B, T, HV), contiguous
   const float* beta;           // (B, T, HV), contiguous; delta rule only
   const float* initial_state;  // (N, HV, 128, 128), contiguous, or nullptr (zeros)
