@@ -114,6 +114,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-append", action="store_true", help="do not append to RESULTS.md")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--no-peers", action="store_true", help="time dsv4 only (variant runs)")
+    p.add_argument("--rows", default=None,
+                   help="comma-separated row indices into the full list (FlashQLA's first-use "
+                        "compiles make the whole list long for one device call)")
     args = p.parse_args(argv)
 
     device = common.require_cuda("bench_gla")
@@ -133,7 +136,10 @@ def main(argv=None) -> int:
     print(ceilings)
 
     rows = []
-    for b, t, h, hv in (QUICK_SHAPES if args.quick else SHAPES):
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.rows:
+        shapes = [shapes[int(i)] for i in args.rows.split(",")]
+    for b, t, h, hv in shapes:
         cu = None
         if b == 0:  # varlen
             lens = varlen_lengths()
@@ -213,7 +219,8 @@ def main(argv=None) -> int:
     if not args.no_append:
         common.append_results(os.path.join(HERE, "RESULTS.md"),
                               f"chunked linear attention, {common.dtype_name(dtype)}"
-                              + (" (quick)" if args.quick else ""), md)
+                              + (" (quick)" if args.quick else "")
+                              + (f" (rows {args.rows})" if args.rows else ""), md)
     return 0
 
 
