@@ -55,7 +55,8 @@ void launch(const ChunkCall& c, void* o, at::Tensor& final_state) {
   p.qk_l2norm = c.qk_l2norm;
 
   const dim3 grid(static_cast<unsigned>(c.num_seqs * c.heads_v * 2));  // (sequence, v-head, half)
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, at::cuda::getCurrentCUDAStream()>>>(tq, tk, tv, tt, p);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tq, tk, tv, tt, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
