@@ -1,7 +1,8 @@
 // sm90a forward of chunk_gated_delta_rule and chunk_simple_gla (K = V = 128, 64-token chunks).
 //
 // One CTA owns one (sequence, v-head, half of V) and walks its chunks in order, keeping the
-// state S (128 x 64, fp32) in registers the whole way: nothing intermediate goes through HBM.
+// state S (128 x 64, fp32) in registers the whole way; the only intermediate in HBM is the delta
+// rule's per-chunk T_u, from the parallel inverse kernel.
 // The state is kept transposed (S^T, v-columns as rows) so every product is a wgmma with M = 64
 // v-columns and the chain's operands come from registers or from tiles as TMA wrote them.
 // Roles (128 threads per warpgroup):
