@@ -36,6 +36,18 @@ __device__ __forceinline__ int block_exclusive_scan(int value, int& total, int* 
   return before;
 }
 
+// A counting sort's bucket counts become each bucket's first slot, the highest bucket first:
+// thread t owns buckets top - 2t and top - 2t - 1. The caller syncs before reading them.
+__device__ __forceinline__ void buckets_to_first_slots(int* bucket_next, int* warp_sums) {
+  static_assert(kVarlenCostBuckets == 2 * kVarlenScheduleThreads, "two buckets per thread");
+  const int hi = kVarlenCostBuckets - 1 - 2 * threadIdx.x, lo = hi - 1;
+  const int count_hi = bucket_next[hi], count_lo = bucket_next[lo];
+  int total;
+  const int before = block_exclusive_scan(count_hi + count_lo, total, warp_sums);
+  bucket_next[hi] = before;
+  bucket_next[lo] = before + count_hi;
+}
+
 // The sequence that holds flat tile i: the last b with tile_start[b] <= i.
 __device__ __forceinline__ int sequence_of(const int* tile_start, int batch, int i) {
   int lo = 0, hi = batch - 1;

@@ -63,16 +63,8 @@ __global__ void __launch_bounds__(kVarlenScheduleThreads, 1)
   }
   __syncthreads();
 
-  // 3. Each bucket's first slot, the costliest bucket first: thread t owns buckets
-  // top - 2t and top - 2t - 1.
-  {
-    const int hi = kVarlenCostBuckets - 1 - 2 * tid, lo = hi - 1;
-    const int count_hi = bucket_next[hi], count_lo = bucket_next[lo];
-    int total;
-    const int before = block_exclusive_scan(count_hi + count_lo, total, warp_sums);
-    bucket_next[hi] = before;
-    bucket_next[lo] = before + count_hi;
-  }
+  // 3. Each bucket's first slot, the costliest bucket first.
+  buckets_to_first_slots(bucket_next, warp_sums);
   __syncthreads();
 
   // 4. Place every tile, and mark the unused slots.
@@ -115,15 +107,7 @@ __global__ void __launch_bounds__(kVarlenScheduleThreads, 1)
   if (tid == 0) p.chunk_start[p.batch] = num_chunks;
   __syncthreads();  // the bucket counts
 
-  // Each bucket's first slot, the most chunks first: thread t owns buckets top - 2t, top - 2t - 1.
-  {
-    const int hi = kVarlenCostBuckets - 1 - 2 * tid, lo = hi - 1;
-    const int count_hi = bucket_next[hi], count_lo = bucket_next[lo];
-    int total;
-    const int before = block_exclusive_scan(count_hi + count_lo, total, warp_sums);
-    bucket_next[hi] = before;
-    bucket_next[lo] = before + count_hi;
-  }
+  buckets_to_first_slots(bucket_next, warp_sums);  // the most chunks first
   __syncthreads();
   for (int b = tid; b < p.batch; b += kVarlenScheduleThreads) {
     const int chunks = (p.sequences[b].len + p.chunk - 1) / p.chunk;  // this thread wrote it
