@@ -17,6 +17,23 @@ def pairs(role, start):
             cur = {}; out.append(cur)
         if cur is not None and i not in cur: cur[i] = t
     return out
+if len(sys.argv) > 2 and sys.argv[2] == 'tiles':
+    # Per work tile of CTA 0 (consumer 0's events 1 = tile start, 2 = Q landed, 23 = a Q K^T
+    # done, 40 = row sums swapped, 41 = epilogue done; the producer's 9 = Q buffer free,
+    # 8 = Q issued), relative to the tile's start.
+    T = pairs(1, 1)
+    starts = [t[1] for t in T]
+    per = [b - a for a, b in zip(starts, starts[1:])]
+    print(f"work tiles {len(T)}, cycles per tile: median {sorted(per)[len(per)//2] if per else 0}")
+    qi = [t for i, t in ev[3] if i == 8]
+    qf = [t for i, t in ev[3] if i == 9]
+    for k in range(2, min(len(T), 8)):
+        base = T[k][1]
+        qk = [t - base for i, t in ev[1] if i == 23 and base <= t < (starts[k + 1] if k + 1 < len(starts) else 1 << 60)]
+        iss = [t - base for t in qi if starts[k - 1] <= t < base + 100000][:2]
+        print(f"tile {k}: Q landed {T[k].get(2, base) - base}, Q K^T done {qk}, row sums {T[k].get(40, base) - base}, "
+              f"epilogue done {T[k].get(41, base) - base}, next {per[k] if k < len(per) else '-'}; Q issues (from tile start) {iss}")
+    sys.exit(0)
 A, B = pairs(1, 10), pairs(2, 30)
 n = min(len(A), len(B))
 print(f"pairs A {len(A)} B {len(B)}")

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   int Sk = argc > 3 ? atoi(argv[3]) : S, H = argc > 4 ? atoi(argv[4]) : 64;
   int causal = argc > 5 ? atoi(argv[5]) : 1, reps = argc > 6 ? atoi(argv[6]) : 10;
   int persistent = argc > 7 ? atoi(argv[7]) : 0;
+  int window_left = argc > 8 ? atoi(argv[8]) : -1;  // dsv4_attention's window W: causal, W - 1
   using T = Mqa512Sm90Traits<__nv_bfloat16>;
   size_t nq = (size_t)B * S * H * 512, nkv = (size_t)B * Sk * 512;
   __nv_bfloat16 *q, *kv, *out; float* lse;
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
   p.heads_q = H; p.heads_kv = 1; p.group = H; p.tile_heads = std::min(H, 64);
   p.tile_tokens = 64 / p.tile_heads; p.head_blocks = H / p.tile_heads;
   p.num_m_blocks = (S + p.tile_tokens - 1) / p.tile_tokens; p.scale_log2 = 1.4426950408889634f / sqrtf(512.f);
-  p.use_kv = 1; p.causal = causal; p.window_left = -1; p.num_splits = 1;
+  p.use_kv = 1; p.causal = causal; p.window_left = window_left; p.num_splits = 1;
   p.num_work = p.num_m_blocks * p.head_blocks * B;
   CUtensorMap tq = tmap(q, B, S, H, p.tile_tokens, p.tile_heads), tkv = tmap(kv, B, Sk, 1, 64, 1);
   auto kernel = mqa512_sm90_kernel<__nv_bfloat16>;
@@ -67,7 +68,8 @@ int main(int argc, char** argv) {
   unsigned long long* tr; CK(cudaMalloc(&tr, 8 * kCap * 8)); CK(cudaMemset(tr, 0, 8 * kCap * 8));
   CK(cudaMemcpyToSymbol(g_trace, &tr, sizeof(tr)));
   int zero[5] = {0, 0, 0, 0, 0}; CK(cudaMemcpyToSymbol(g_trace_n, zero, sizeof(zero)));
-  kernel<<<p.num_work, T::kThreads, T::kSmemBytes>>>(tq, tkv, tkv, p);
+  const int grid = persistent ? std::min(p.num_work, 132) : p.num_work;
+  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tkv, p);
   CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
   std::vector<unsigned long long> h(8 * kCap); int n[8];
   CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
@@ -95,9 +97,18 @@ int main(int argc, char** argv) {
   }
   CK(cudaGetLastError());
   std::sort(ms.begin(), ms.end());
-  double pairs = causal ? (double)S * (Sk - S) + (double)S * (S + 1) / 2 : (double)S * Sk;
+  double pairs = 0;  // visible (query, key) pairs
+  for (long t = 0; t < S; ++t) {
+    const long pos = t + Sk - S, hi = causal ? std::min<long>(pos + 1, Sk) : Sk;
+    const long lo = window_left >= 0 ? std::max<long>(0, pos - window_left) : 0;
+    pairs += std::max<long>(hi - lo, 0);
+  }
   double fl = 4.0 * B * H * pairs * 512;
-  printf("%s B=%d S=%d Sk=%d H=%d causal=%d: median %.3f ms  %.0f TFLOP/s\n", persistent ? "persistent" : "per-tile", B, S, Sk, H, causal, ms[reps / 2], fl / ms[reps / 2] / 1e9);
+  // q and out, and each key row once: what a memory-bound call must move at least.
+  double bytes = 2.0 * nq * 2 + (double)nkv * 2;
+  printf("%s B=%d S=%d Sk=%d H=%d causal=%d window_left=%d: median %.4f ms  %.0f TFLOP/s  %.0f GB/s of q+out+kv\n",
+         persistent ? "persistent" : "per-tile", B, S, Sk, H, causal, window_left, ms[reps / 2],
+         fl / ms[reps / 2] / 1e9, bytes / ms[reps / 2] / 1e6);
 #endif
   return 0;
 }

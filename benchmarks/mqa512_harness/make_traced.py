@@ -13,6 +13,11 @@ def after(anchor, code, count=1):
     assert src.count(anchor) >= count, anchor
     i = src.index(anchor)
     src = src[:i + len(anchor)] + code + src[i + len(anchor):]
+def before(anchor, code):
+    global src
+    assert src.count(anchor) == 1, anchor
+    i = src.index(anchor)
+    src = src[:i] + code + src[i:]
 C = lambda i: f"\n TRC({i});\n"
 P = lambda e: f"\n TRP({e});\n"
 after('// 1. Fold S into the running max, publish it, exponentiate.', C(10))
@@ -37,6 +42,12 @@ after('issue_pv_smem(s.p[0], 0);\n          ptx::wgmma_commit();', C(36))
 after('if (has_odd) ptx::mbarrier_arrive(kv_empty(1, 1));', C(37))
 after('ptx::mbarrier_arrive(kv_empty(0, 1));', C(38))
 after('wait_handoff(kRowSums, progress.sums());', C(40))
+# Work-tile events: tile start, Q landed, epilogue done; the producer's Q wait and issue.
+after('      if (lane == 0) info = t;\n      __syncwarp();\n    }', C(1))
+after('ptx::mbarrier_wait(q_full, progress.q());', C(2))
+before('  }\n}\n\n}  // namespace dsv4', C(41))
+after('ptx::mbarrier_wait(q_empty, progress.q() ^ 1);', P(9))
+after('w.q_start + w.tok0, w.head0, w.batch);\n        }', P(8))
 after('ptx::mbarrier_wait(kv_empty(stage, half), phase ^ 1);', P('stage * 2 + half'))
 after('ptx::mbarrier_arrive_expect_tx(full, T::kBlockBytes);', P('4 + stage * 2 + half'))
 src = src.replace('namespace dsv4 {', '#define TRC(i) do { if (tid == 0) TR(1 + wg, i); } while (0)\n#define TRP(i) do { if (lane == 0) TR(3 + threadIdx.x / 32, i); } while (0)\nnamespace dsv4 {', 1)
