@@ -17,6 +17,19 @@ struct KeyTiles {
   int pos_lo, pos_hi;  // key positions of the first and last valid query tokens
 };
 
+// The keys [lo, hi) the query at key position `pos` can see (none when hi <= lo). Keys only
+// move forward with the position, so rows [pos_lo, pos_hi] together see
+// [visible_keys(pos_lo).lo, visible_keys(pos_hi).hi).
+struct KeySpan {
+  int lo, hi;
+};
+
+template <typename Params>
+__device__ __forceinline__ KeySpan visible_keys(const Params& p, int pos) {
+  return {p.window_left >= 0 ? max(0, pos - p.window_left) : 0,
+          p.causal ? min(p.seqlen_k, pos + 1) : p.seqlen_k};
+}
+
 // Query tokens [tok_lo, tok_lo + tokens) (clipped to Sq), keys in tiles of block_n.
 template <typename Params>
 __device__ __forceinline__ KeyTiles visible_key_tiles(const Params& p, int tok_lo, int tokens,
@@ -25,8 +38,7 @@ __device__ __forceinline__ KeyTiles visible_key_tiles(const Params& p, int tok_l
   const int shift = p.seqlen_k - p.seqlen_q;
   t.pos_lo = tok_lo + shift;
   t.pos_hi = min(tok_lo + tokens, p.seqlen_q) - 1 + shift;
-  const int key_lo = p.window_left >= 0 ? max(0, t.pos_lo - p.window_left) : 0;
-  const int key_hi = p.causal ? min(p.seqlen_k, t.pos_hi + 1) : p.seqlen_k;
+  const int key_lo = visible_keys(p, t.pos_lo).lo, key_hi = visible_keys(p, t.pos_hi).hi;
   t.first = key_lo / block_n;
   t.end = key_hi > key_lo ? (key_hi + block_n - 1) / block_n : t.first;
   return t;
@@ -40,11 +52,6 @@ __device__ __forceinline__ bool key_tile_needs_mask(const Params& p, const KeyTi
          (p.window_left >= 0 && n0 < tiles.pos_hi - p.window_left);
 }
 
-template <typename Params>
-__device__ __forceinline__ bool key_visible(const Params& p, int key, int pos) {
-  return key < p.seqlen_k && (!p.causal || key <= pos) &&
-         (p.window_left < 0 || key >= pos - p.window_left);
-}
 
 // Split-KV (csrc/attention/split_kv.h): the tiles [begin, end) of a work tile's num_tiles key
 // tiles that split `split` of num_splits visits; equal ranges, the last ones possibly empty.

@@ -30,6 +30,25 @@ __device__ __forceinline__ void row_max_scores(const float (&sacc)[kCols / 2], f
   }
 }
 
+// Sets to -inf the scores of row i's keys outside [lo[i], hi[i]), both counted from this
+// thread's first column (the tile's first key + 2 (lane % 4)): one compare and select per
+// score, no branches.
+template <int kCols>
+__device__ __forceinline__ void mask_outside(float (&sacc)[kCols / 2], const int (&lo)[2],
+                                             const int (&hi)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = 8 * j + c;
+        if (col < lo[i] || col >= hi[i]) sacc[4 * j + 2 * i + c] = __int_as_float(0xff800000);
+      }
+    }
+  }
+}
+
 // Scores -> 2^(s * scale_log2 - base[row]) in place; `sum` gets this thread's partial row sums.
 template <int kCols>
 __device__ __forceinline__ void exp2_scores(float (&sacc)[kCols / 2], float scale_log2,

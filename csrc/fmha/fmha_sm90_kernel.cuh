@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attention/fragment_store.cuh"
 #include "attention/key_range.cuh"
 #include "attention/online_softmax.cuh"
 #include "fmha/fmha_sm90_params.h"
@@ -170,19 +171,16 @@ __device__ __forceinline__ void mask_key_tile(const Keys& keys, const KeyTiles& 
                                               int tokens, int col_lane, int n0,
                                               float (&sacc)[kBlockN / 2]) {
   if (!key_tile_needs_mask(keys, tiles, n0, kBlockN)) return;
-  const float neg_inf = __int_as_float(0xff800000);
+  int lo[2], hi[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int pos = kPacked ? tiles.pos_lo + (row + 8 * i) % tokens
                             : row + 8 * i + keys.seqlen_k - keys.seqlen_q;
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        if (!key_visible(keys, n0 + 8 * j + col_lane + c, pos)) sacc[4 * j + 2 * i + c] = neg_inf;
-      }
-    }
+    const KeySpan span = visible_keys(keys, pos);
+    lo[i] = span.lo - n0 - col_lane;
+    hi[i] = span.hi - n0 - col_lane;
   }
+  mask_outside<kBlockN>(sacc, lo, hi);
 }
 
 template <typename Element, int kHeadDim, bool kVarlen>
@@ -455,17 +453,12 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       const float sink_log2 = p.sinks != nullptr ? p.sinks[head[i]] * kLog2e : neg_inf;
       float inv, lse;
       finish_row(row_sum[i], row_max[i], p.sinks != nullptr, sink_log2, inv, lse);
-      if (token[i] < seqlen_q) {
-        const size_t row_offset = ((seq_row0 + token[i]) * p.heads_q + head[i]) * kHeadDim;
-  #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-          const uint32_t packed = ptx::pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-          *reinterpret_cast<uint32_t*>(out + row_offset + 8 * j + col_lane) = packed;
-        }
-        if (lane % 4 == 0) {
-          p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head[i]) * p.seqlen_q + w.q_start +
-                token[i]] = lse;
-        }
+      const bool valid = token[i] < seqlen_q;
+      const size_t row_offset = ((seq_row0 + token[i]) * p.heads_q + head[i]) * kHeadDim;
+      store_fragment_row<Element, kHeadDim>(o, i, inv, out + row_offset, valid, lane);
+      if (valid && lane % 4 == 0) {
+        p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head[i]) * p.seqlen_q + w.q_start +
+              token[i]] = lse;
       }
     }
   }

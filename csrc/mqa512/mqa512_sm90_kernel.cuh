@@ -73,6 +73,7 @@
 
 #include <cstdint>
 
+#include "attention/fragment_store.cuh"
 #include "attention/key_range.cuh"
 #include "attention/online_softmax.cuh"
 #include "mqa512/mqa512_sm90_params.h"
@@ -191,10 +192,13 @@ __device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Par
   return w;
 }
 
-// The key tiles a work tile visits: kv tiles [kv.first, kv.first + num_kv), then compressed
-// tiles [0, num_c). Producer and consumers derive the same sequence.
+// The key tiles a work tile visits: num_kv kv tiles from key kv_key0 on, then compressed tiles
+// [0, num_c). Producer and consumers derive the same sequence. The kv tiles start at the first
+// visible key, not at a multiple of 64: a token's 128-key window is two tiles instead of three,
+// and none of them needs a mask once the window is full.
 struct Mqa512KeySegments {
-  KeyTiles kv;
+  KeyTiles kv;  // pos_lo, pos_hi: the tile's first and last token positions
+  int kv_key0;
   int num_kv, num_c;
 };
 
@@ -213,7 +217,9 @@ __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm9
                                                                  int block_n) {
   Mqa512KeySegments k;
   k.kv = visible_key_tiles(w.shape, w.tok0, p.tile_tokens, block_n);
-  k.num_kv = p.use_kv ? k.kv.end - k.kv.first : 0;
+  k.kv_key0 = visible_keys(w.shape, k.kv.pos_lo).lo;
+  const int kv_keys = visible_keys(w.shape, k.kv.pos_hi).hi - k.kv_key0;
+  k.num_kv = p.use_kv && kv_keys > 0 ? (kv_keys + block_n - 1) / block_n : 0;
   if (p.compress_ratio == 0) {
     k.num_c = 0;
   } else if (p.topk != nullptr) {
@@ -325,15 +331,17 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       // it here instead of spinning in the next try_wait beside it.
       __syncwarp();
       // Per work tile: the row where each segment's boxes would start for r = 0 (tile
-      // it = range.begin + r is kv tile seg.kv.first + it, or compressed tile it - num_kv),
+      // it = range.begin + r is the kv tile at key seg.kv_key0 + 64 it, or compressed tile
+      // it - num_kv),
       // and for CSA the token's list, its closed rows and the rows' base.
-      const int kv_row0 = w.k_start + (seg.kv.first + range.begin) * kBlockN;
+      const int kv_row0 = w.k_start + seg.kv_key0 + range.begin * kBlockN;
       const int c_row0 = w.c_start + (range.begin - seg.num_kv) * kBlockN;
       const int* listed =
           p.topk == nullptr ? nullptr
                             : p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start +
                                         w.tok0) * p.topk_k;
-      const int closed = mqa512_closed_rows(p, w, seg.kv.pos_lo);  // one token per CSA tile
+      const int closed =  // one token per CSA tile
+          p.topk != nullptr ? mqa512_closed_rows(p, w, seg.kv.pos_lo) : 0;
       const Element* rows = static_cast<const Element*>(p.compressed) +
                             w.batch * p.c_batch_stride + w.c_start * p.c_row_stride;
       const int slot_base = (range.begin - seg.num_kv) * kBlockN;
@@ -501,12 +509,13 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     ptx::mbarrier_wait(ptx::smem_addr(&s.handoff[handoff]), phase);
   };
   // Tile `it` of the split's key sequence (kv rows, then compressed rows; seg rebased to the
-  // split's first tile): mask it (boundary tiles and CSA tiles only).
+  // split's first tile): mask it (boundary tiles and CSA tiles only). Each row's visible keys
+  // are one range, so the per-score test is a compare and a select (mask_outside).
   auto mask_tile = [&](int it) {
-    const bool compressed = it >= seg.num_kv;
-    const int n0 = compressed ? (it - seg.num_kv) * kBlockN : (seg.kv.first + it) * kBlockN;
-    const bool csa = compressed && p.topk != nullptr;
-    if (csa) {  // one token per tile: mask by listed slot
+    const int num_kv = seg.num_kv;
+    const bool compressed = it >= num_kv;
+    if (compressed && p.topk != nullptr) {  // CSA, one token per tile: mask by listed slot
+      const int n0 = (it - num_kv) * kBlockN;
       const int closed = mqa512_closed_rows(p, w, seg.kv.pos_lo);
       const int* listed =
           p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start + w.tok0) * p.topk_k;
@@ -520,32 +529,28 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           }
         }
       }
+      return;
     }
-    const bool needs_mask =
-        !csa && (compressed ? n0 + kBlockN > mqa512_closed_rows(p, w, seg.kv.pos_lo)
-                            : key_tile_needs_mask(w.shape, seg.kv, n0, kBlockN));
-    if (needs_mask) {
+    const KeyShape shape = w.shape;
+    const KeyTiles kv = seg.kv;
+    const int n0 = compressed ? (it - num_kv) * kBlockN : seg.kv_key0 + it * kBlockN;
+    const bool needs_mask = compressed ? n0 + kBlockN > mqa512_closed_rows(p, w, kv.pos_lo)
+                                       : key_tile_needs_mask(shape, kv, n0, kBlockN);
+    if (!needs_mask) return;
+    int lo[2], hi[2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int pos =
-            w.tok0 + (frag_row + 8 * i) % p.tile_tokens + w.shape.seqlen_k - w.shape.seqlen_q;
-        const int closed = compressed ? mqa512_closed_rows(p, w, pos) : 0;
-#pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int key = n0 + 8 * j + col_lane + c;
-            const bool visible = compressed ? key < closed
-                                            : key_visible(w.shape, key, pos);
-            if (!visible) sacc[4 * j + 2 * i + c] = neg_inf;
-          }
-        }
-      }
+    for (int i = 0; i < 2; ++i) {
+      const int pos = kv.pos_lo + (frag_row + 8 * i) % p.tile_tokens;
+      const KeySpan span = compressed ? KeySpan{0, mqa512_closed_rows(p, w, pos)}
+                                      : visible_keys(shape, pos);
+      lo[i] = span.lo - n0 - col_lane;
+      hi[i] = span.hi - n0 - col_lane;
     }
+    mask_outside<kBlockN>(sacc, lo, hi);
   };
 
   for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;  // as in the producer
-       progress.next_work(gridDim.x)) {
+       progress.next_work(ptx::grid_ctas())) {
     int n;  // this split's key tiles
     {
       Mqa512TileInfo t;
@@ -553,7 +558,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       t.seg = mqa512_key_segments(p, t.w, kBlockN);
       const SplitRange range = split_key_range(t.seg.num_kv + t.seg.num_c, t.w.split, p.num_splits);
       n = range.end - range.begin;
-      t.seg.kv.first += range.begin;  // index the split's tiles from 0 (mask_tile)
+      t.seg.kv_key0 += range.begin * kBlockN;  // index the split's tiles from 0 (mask_tile)
       t.seg.num_kv -= range.begin;
       __syncwarp();  // the last work tile's readers are done
       if (lane == 0) info = t;
@@ -737,28 +742,25 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       float inv, lse;
       finish_row_sum(total[i], m_run[i], has_sink, has_sink ? p.sinks[head] * kLog2e : 0.f, inv,
                      lse);
-      if (token < w.shape.seqlen_q) {
-        const size_t out_token = static_cast<size_t>(w.batch) * p.seqlen_q + w.q_start + token;
-        const size_t out_row = out_token * p.heads_q + head;
-        if (split) {
-          const size_t part_row = static_cast<size_t>(w.split) * p.batch * p.seqlen_q * p.heads_q + out_row;
-          float* dst = p.o_partial + part_row * T::kHeadDim + wg * 256;
-#pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            *reinterpret_cast<float2*>(dst + 8 * j + col_lane) =
-                make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-          }
-          if (wg == 0 && lane % 4 == 0) p.lse_partial[part_row] = lse;
-          continue;
-        }
+      const bool valid = token < w.shape.seqlen_q;
+      const size_t out_token = static_cast<size_t>(w.batch) * p.seqlen_q + w.q_start + token;
+      const size_t out_row = out_token * p.heads_q + head;
+      if (split) {
+        if (!valid) continue;
+        const size_t part_row = static_cast<size_t>(w.split) * p.batch * p.seqlen_q * p.heads_q + out_row;
+        float* dst = p.o_partial + part_row * T::kHeadDim + wg * 256;
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
-          const uint32_t packed = ptx::pack2<Element>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-          *reinterpret_cast<uint32_t*>(out + out_row * T::kHeadDim + wg * 256 + 8 * j + col_lane) = packed;
+          *reinterpret_cast<float2*>(dst + 8 * j + col_lane) =
+              make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
         }
-        if (wg == 0 && lane % 4 == 0) {
-          p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head) * p.seqlen_q + w.q_start + token] = lse;
-        }
+        if (wg == 0 && lane % 4 == 0) p.lse_partial[part_row] = lse;
+        continue;
+      }
+      store_fragment_row<Element, 256>(o, i, inv, out + out_row * T::kHeadDim + wg * 256, valid,
+                                       lane);
+      if (valid && wg == 0 && lane % 4 == 0) {
+        p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head) * p.seqlen_q + w.q_start + token] = lse;
       }
     }
   }

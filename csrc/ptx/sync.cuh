@@ -34,4 +34,12 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// gridDim.x, read where it is used: a persistent loop's `work += gridDim.x` otherwise keeps it in
+// a register through the whole loop body (the head_dim-512 consumers spilled it).
+__device__ __forceinline__ int grid_ctas() {
+  int n;
+  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(n));
+  return n;
+}
+
 }  // namespace dsv4::ptx
