@@ -51,7 +51,8 @@ __device__ __forceinline__ void store_fragment_row(const float (&acc)[kCols / 2]
     }
     quad_transpose(v, lane);  // now: columns 32 g + 8 (lane % 4) + [0, 8)
     if (valid) {
-      *reinterpret_cast<uint4*>(row_ptr + 32 * g + 8 * (lane % 4)) = make_uint4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<uint4*>(row_ptr + 32 * g + 8 * (lane % 4)) =
+          make_uint4(v[0], v[1], v[2], v[3]);
     }
   }
 }

@@ -52,7 +52,6 @@ __device__ __forceinline__ bool key_tile_needs_mask(const Params& p, const KeyTi
          (p.window_left >= 0 && n0 < tiles.pos_hi - p.window_left);
 }
 
-
 // Split-KV (csrc/attention/split_kv.h): the tiles [begin, end) of a work tile's num_tiles key
 // tiles that split `split` of num_splits visits; equal ranges, the last ones possibly empty.
 struct SplitRange {

@@ -332,8 +332,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       __syncwarp();
       // Per work tile: the row where each segment's boxes would start for r = 0 (tile
       // it = range.begin + r is the kv tile at key seg.kv_key0 + 64 it, or compressed tile
-      // it - num_kv),
-      // and for CSA the token's list, its closed rows and the rows' base.
+      // it - num_kv), and for CSA the token's list, its closed rows and the rows' base.
       const int kv_row0 = w.k_start + seg.kv_key0 + range.begin * kBlockN;
       const int c_row0 = w.c_start + (range.begin - seg.num_kv) * kBlockN;
       const int* listed =

@@ -25,7 +25,7 @@ struct Mqa512Sm90Params {
   const VarlenSequence* varlen_sequences;
   const VarlenRows* varlen_compressed;  // varlen dsv4_attention: each sequence's compressed rows
   float scale_log2;    // scale * log2(e), > 0
-  // Segment 1, the rows of kv: every key with key_visible(causal, window_left) (fmha;
+  // Segment 1, the rows of kv: the keys visible_keys(causal, window_left) gives each row (fmha;
   // dsv4_attention's window W is causal with window_left W - 1). use_kv = 0: no kv keys.
   int use_kv;
   int causal;          // bottom-right aligned
