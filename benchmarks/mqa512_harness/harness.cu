@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   int causal = argc > 5 ? atoi(argv[5]) : 1, reps = argc > 6 ? atoi(argv[6]) : 10;
   int persistent = argc > 7 ? atoi(argv[7]) : 0;
   int window_left = argc > 8 ? atoi(argv[8]) : -1;  // dsv4_attention's window W: causal, W - 1
+  int with_sinks = argc > 9 ? atoi(argv[9]) : 0;     // 1: a sink per head (dsv4_attention)
   using T = Mqa512Sm90Traits<__nv_bfloat16>;
   size_t nq = (size_t)B * S * H * 512, nkv = (size_t)B * Sk * 512;
   __nv_bfloat16 *q, *kv, *out; float* lse;
@@ -60,6 +61,12 @@ int main(int argc, char** argv) {
   p.tile_tokens = 64 / p.tile_heads; p.head_blocks = H / p.tile_heads;
   p.num_m_blocks = (S + p.tile_tokens - 1) / p.tile_tokens; p.scale_log2 = 1.4426950408889634f / sqrtf(512.f);
   p.use_kv = 1; p.causal = causal; p.window_left = window_left; p.num_splits = 1;
+  if (with_sinks) {
+    std::vector<float> hs(H);
+    for (int i = 0; i < H; ++i) hs[i] = 0.25f * (i % 7) - 0.5f;
+    float* ds; CK(cudaMalloc(&ds, H * 4)); CK(cudaMemcpy(ds, hs.data(), H * 4, cudaMemcpyHostToDevice));
+    p.sinks = ds;
+  }
   p.num_work = p.num_m_blocks * p.head_blocks * B;
   CUtensorMap tq = tmap(q, B, S, H, p.tile_tokens, p.tile_heads), tkv = tmap(kv, B, Sk, 1, 64, 1);
   auto kernel = mqa512_sm90_kernel<__nv_bfloat16>;
@@ -106,8 +113,8 @@ int main(int argc, char** argv) {
   double fl = 4.0 * B * H * pairs * 512;
   // q and out, and each key row once: what a memory-bound call must move at least.
   double bytes = 2.0 * nq * 2 + (double)nkv * 2;
-  printf("%s B=%d S=%d Sk=%d H=%d causal=%d window_left=%d: median %.4f ms  %.0f TFLOP/s  %.0f GB/s of q+out+kv\n",
-         persistent ? "persistent" : "per-tile", B, S, Sk, H, causal, window_left, ms[reps / 2],
+  printf("%s B=%d S=%d Sk=%d H=%d causal=%d window_left=%d sinks=%d: median %.4f ms  %.0f TFLOP/s  %.0f GB/s of q+out+kv\n",
+         persistent ? "persistent" : "per-tile", B, S, Sk, H, causal, window_left, with_sinks, ms[reps / 2],
          fl / ms[reps / 2] / 1e9, bytes / ms[reps / 2] / 1e6);
 #endif
   return 0;

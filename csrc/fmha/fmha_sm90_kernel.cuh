@@ -448,11 +448,13 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       continue;
     }
     Element* out = static_cast<Element*>(p.out);
+    float sink_log2[2];  // both read before the first store: a load behind it waits for its drain
+  #pragma unroll
+    for (int i = 0; i < 2; ++i) sink_log2[i] = p.sinks != nullptr ? p.sinks[head[i]] * kLog2e : neg_inf;
   #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const float sink_log2 = p.sinks != nullptr ? p.sinks[head[i]] * kLog2e : neg_inf;
       float inv, lse;
-      finish_row(row_sum[i], row_max[i], p.sinks != nullptr, sink_log2, inv, lse);
+      finish_row(row_sum[i], row_max[i], p.sinks != nullptr, sink_log2[i], inv, lse);
       const bool valid = token[i] < seqlen_q;
       const size_t row_offset = ((seq_row0 + token[i]) * p.heads_q + head[i]) * kHeadDim;
       store_fragment_row<Element, kHeadDim>(o, i, inv, out + row_offset, valid, lane);

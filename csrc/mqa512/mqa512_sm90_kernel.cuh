@@ -26,10 +26,13 @@
 //                          for sm90 MLA decoding), and each score is exponentiated once.
 // Shared memory: Q [8][64 rows][64] and the two stages [2][8][64 keys][64], each [64][64] block
 // one TMA box with the 128-byte swizzle that wgmma reads; the P tiles [3][64][64] in the same
-// layout; the row maxima [2][64] and row sums [2][2][64] the consumers exchange.
+// layout; the row maxima [2][64] and row sums [2][2][64] the consumers exchange; the rows' sinks
+// [2][64], loaded with Q.
 //
 // Barrier protocol (phase bits flip once per fill; Mqa512Progress carries them across work tiles):
-//   q_full            producer arrive.expect_tx(64 KB) + TMA        -> consumers wait
+//   q_full            producer arrive.expect_tx(64 KB) + TMA, and with sinks 32 more arrivals:
+//                     warp 0's cp.async of the rows' sinks into sink[fill parity]
+//                                                                   -> consumers wait
 //   q_empty           each consumer thread after its last QK^T of the work tile (consumer 1
 //                     of a one-tile work tile at once)            -> producer, before next Q
 //   kv_full[s][c]     one per 64-column block c of stage s, one arrival: lane 0's
@@ -117,6 +120,7 @@ struct Mqa512Sm90Traits {
     // rather than in registers through the key loop.
     alignas(16) int tile_info[8][kTileInfoInts];
     float row_sum[2][2][kBlockM];    // [work-tile parity][w]: the row sums both consumers need
+    float sink[2][kBlockM];          // [Q fill parity]: the rows' sinks, loaded with Q
     uint64_t q_full, q_empty;
     uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
     uint64_t kv_empty[2][2];          // [stage][half of head_dim]
@@ -282,7 +286,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   auto kv_full = [&](int stage, int cb) { return ptx::smem_addr(&s.kv_full[stage][cb]); };
   auto kv_empty = [&](int stage, int half) { return ptx::smem_addr(&s.kv_empty[stage][half]); };
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(q_full, 1);
+    // + warp 0's copies of the rows' sinks (a split's rows leave the sink to the combine)
+    ptx::mbarrier_init(q_full, p.sinks != nullptr && p.num_splits == 1 ? 1 + 32 : 1);
     ptx::mbarrier_init(q_empty, T::kConsumerThreads);
     for (int stage = 0; stage < 2; ++stage) {
       for (int cb = 0; cb < kColBlocks; ++cb) ptx::mbarrier_init(kv_full(stage, cb), 1);
@@ -319,12 +324,26 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);
       const int n = range.end - range.begin;
       if (n == 0) continue;  // the consumers write the empty rows, no loads
-      if (threadIdx.x == 0) {
+      // Warp 0 fills the Q buffer: lane 0 its TMA boxes and, with sinks, every lane two rows'
+      // sinks (each lane waits for the buffers' release itself).
+      const bool sinks_with_q = p.sinks != nullptr && p.num_splits == 1;
+      if (threadIdx.x == 0 || (sinks_with_q && threadIdx.x < 32)) {
         ptx::mbarrier_wait(q_empty, progress.q() ^ 1);
-        ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
-        for (int cb = 0; cb < kColBlocks; ++cb) {  // box (64 dims, tile_tokens, tile_heads)
-          ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
-                           w.q_start + w.tok0, w.head0, w.batch);
+        if (threadIdx.x == 0) {
+          ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
+          for (int cb = 0; cb < kColBlocks; ++cb) {  // box (64 dims, tile_tokens, tile_heads)
+            ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
+                             w.q_start + w.tok0, w.head0, w.batch);
+          }
+        }
+        if (sinks_with_q) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int row = lane + 32 * i;
+            ptx::cp_async_4_zfill(ptx::smem_addr(&s.sink[progress.q()][row]),
+                                  p.sinks + w.head0 + row / p.tile_tokens, true);
+          }
+          ptx::cp_async_mbarrier_arrive_noinc(q_full);
         }
       }
       // Each producer warp stays converged: the lanes that skip a single-lane issue wait for
@@ -733,14 +752,18 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     constexpr float kLog2e = 1.4426950408889634f;
     const bool split = p.num_splits > 1;
     Element* out = static_cast<Element*>(p.out);
+    const bool has_sink = p.sinks != nullptr && !split;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = frag_row + 8 * i;
       const int token = w.tok0 + row % p.tile_tokens, head = w.head0 + row / p.tile_tokens;
-      const bool has_sink = p.sinks != nullptr && !split;
       float inv, lse;
-      finish_row_sum(total[i], m_run[i], has_sink, has_sink ? p.sinks[head] * kLog2e : 0.f, inv,
-                     lse);
+      // The sink came with Q (a global load here sat on the epilogue's critical path: 12% of
+      // the sliding layer's time); a work tile with no keys loaded no Q. (One generic load of
+      // either address: selecting the value instead spilled.)
+      const float* sink_src = n > 0 ? &s.sink[progress.q() ^ 1][row] : p.sinks + head;
+      const float sink = has_sink ? *sink_src : 0.f;
+      finish_row_sum(total[i], m_run[i], has_sink, sink * kLog2e, inv, lse);
       const bool valid = token < w.shape.seqlen_q;
       const size_t out_token = static_cast<size_t>(w.batch) * p.seqlen_q + w.q_start + token;
       const size_t out_row = out_token * p.heads_q + head;
