@@ -6,8 +6,10 @@
 // serves all 64 rows. Q's TMA box is (64 dims, tile_tokens, tile_heads), so the rows land
 // tokens innermost: row = head * tile_tokens + token.
 // Roles (128 threads per warpgroup):
-//   warpgroup 0           producers: TMA loads of Q (once per work tile, thread 0) and of the
-//                          key tiles (64 keys x 512, in two halves of 256 dims); warps 2s and
+//   warpgroup 0           producers: each work tile decoded once, by thread 0, for everyone
+//                          (the tile ring; the consumers only copy it); TMA loads of Q (once
+//                          per work tile, thread 0) and of the key tiles (64 keys x 512, in
+//                          two halves of 256 dims); warps 2s and
 //                          2s + 1 fill stage s, alternate 64-column blocks each. Each tile is
 //                          read as K and V. CSA tiles have no TMA box: the warps gather their
 //                          rows with 16-byte cp.async (zero-filled where an index is not
@@ -33,6 +35,10 @@
 //   q_full            producer arrive.expect_tx(64 KB) + TMA, and with sinks 32 more arrivals:
 //                     warp 0's cp.async of the rows' sinks into sink[fill parity]
 //                                                                   -> consumers wait
+//   tile_full[t]      producer thread 0 wrote work tile t's Mqa512TileInfo into tile_ring[t]
+//                     (t: the tile's parity in the CTA's sequence)     -> consumers wait
+//   tile_empty[t]     the 6 lanes of each consumer warp that copied tile_ring[t] (48
+//                     arrivals)                               -> producer, before writing it
 //   q_empty           each consumer thread after its last QK^T of the work tile (consumer 1
 //                     of a one-tile work tile at once)            -> producer, before next Q
 //   kv_full[s][c]     one per 64-column block c of stage s, one arrival: lane 0's
@@ -100,7 +106,7 @@ struct Mqa512Sm90Traits {
   static constexpr int kConsumerThreads = 256;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kBlockBytes = kBlockN * 64 * sizeof(Element);  // one TMA box
-  static constexpr int kTileInfoInts = 24;  // >= sizeof(Mqa512TileInfo) / 4 (checked below)
+  static constexpr int kTileInfoInts = 24;  // >= sizeof(Mqa512TileInfo) / 4, a multiple of 4
   // setmaxnreg moves registers only within the CTA's launch allocation (168 per thread at 384
   // threads). The producer's CSA gather needs 56 (48 spill), which leaves the consumers 224.
   static constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;
@@ -116,8 +122,9 @@ struct Mqa512Sm90Traits {
     Element p_own0[kBlockM][kBlockN];  // consumer 0's P for its own P V (see the consumers)
     float row_max[2][kBlockM];       // [w]: the running max after consumer w's softmax step
     float row_scale[kBlockM];        // consumer 0's factor to the pair's max (see publish)
-    // Each consumer warp's copy of its work tile and key segments (Mqa512TileInfo), kept here
-    // rather than in registers through the key loop.
+    // The work tiles the producer decoded (Mqa512TileInfo), by tile parity, and each consumer
+    // warp's copy of its current one, kept here rather than in registers through the key loop.
+    alignas(16) int tile_ring[2][kTileInfoInts];
     alignas(16) int tile_info[8][kTileInfoInts];
     float row_sum[2][2][kBlockM];    // [work-tile parity][w]: the row sums both consumers need
     float sink[2][kBlockM];          // [Q fill parity]: the rows' sinks, loaded with Q
@@ -125,6 +132,7 @@ struct Mqa512Sm90Traits {
     uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
     uint64_t kv_empty[2][2];          // [stage][half of head_dim]
     uint64_t handoff[5];              // [Mqa512Handoff]
+    uint64_t tile_full[2], tile_empty[2];  // [tile parity]: the tile ring
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
@@ -206,9 +214,12 @@ struct Mqa512KeySegments {
   int num_kv, num_c;
 };
 
+// What the producer publishes per work tile (the tile ring): the tile, its key segments
+// rebased to its split's first key tile, and that split's key-tile count.
 struct Mqa512TileInfo {
   Mqa512WorkTile w;
   Mqa512KeySegments seg;
+  int n;
 };
 
 __device__ __forceinline__ int mqa512_closed_rows(const Mqa512Sm90Params& p,
@@ -243,24 +254,27 @@ __device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, 
 }
 
 // A CTA's place in its loop over work tiles, in one register (the consumers are at their
-// register budget): the work tile (bits 4 and up, so fewer than 2^27 work tiles; the launcher
+// register budget): the work tile (bits 5 and up, so fewer than 2^26 work tiles; the launcher
 // checks) and the parities barriers are waited on with (only parities matter): bit s, the fills
-// of stage s so far (s = 0, 1); bit 2, the Q loads; bit 3, the consumers' row-sum swaps.
-constexpr int kMqa512MaxWork = 1 << 27;
+// of stage s so far (s = 0, 1); bit 2, the Q loads; bits 3-4, a count of the CTA's work tiles:
+// bit 3 (the tile's parity) picks its slot of the tile ring and its row-sum buffer, bit 4 is
+// that slot's fill parity.
+constexpr int kMqa512MaxWork = 1 << 26;
 struct Mqa512Progress {
   uint32_t bits;
-  __device__ __forceinline__ explicit Mqa512Progress(int work) : bits(uint32_t(work) << 4) {}
-  __device__ __forceinline__ int work() const { return int(bits >> 4); }
+  __device__ __forceinline__ explicit Mqa512Progress(int work) : bits(uint32_t(work) << 5) {}
+  __device__ __forceinline__ int work() const { return int(bits >> 5); }
   // The parity of the i-th fill of stage s from the start of the current work tile.
   __device__ __forceinline__ uint32_t stage(int s, int i) const { return ((bits >> s) + i) & 1; }
   __device__ __forceinline__ uint32_t q() const { return (bits >> 2) & 1; }
-  __device__ __forceinline__ uint32_t sums() const { return (bits >> 3) & 1; }
-  __device__ __forceinline__ void flip_sums() { bits ^= 8u; }
+  __device__ __forceinline__ uint32_t slot() const { return (bits >> 3) & 1; }
+  __device__ __forceinline__ uint32_t slot_phase() const { return (bits >> 4) & 1; }
+  __device__ __forceinline__ void next_slot() { bits = (bits & ~0x18u) | ((bits + 8u) & 0x18u); }
   // After a work tile of n key tiles: stage 0 took (n + 1) / 2 of them, stage 1 n / 2.
   __device__ __forceinline__ void finish_keys(int n) {
     bits ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1) | (n > 0 ? 4u : 0u);
   }
-  __device__ __forceinline__ void next_work(int stride) { bits += uint32_t(stride) << 4; }
+  __device__ __forceinline__ void next_work(int stride) { bits += uint32_t(stride) << 5; }
 };
 
 template <typename Element>
@@ -282,9 +296,16 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
   const int num_work = p.num_work;
+  constexpr int kTileCopyLanes = T::kTileInfoInts / 4;  // lanes copying a ring slot, 16 B each
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
   auto kv_full = [&](int stage, int cb) { return ptx::smem_addr(&s.kv_full[stage][cb]); };
   auto kv_empty = [&](int stage, int half) { return ptx::smem_addr(&s.kv_empty[stage][half]); };
+  auto tile_full = [&](uint32_t slot) { return ptx::smem_addr(&s.tile_full[slot]); };
+  auto tile_empty = [&](uint32_t slot) { return ptx::smem_addr(&s.tile_empty[slot]); };
+  static_assert(sizeof(Mqa512TileInfo) <= sizeof(s.tile_ring[0]), "tile_ring too small");
+  auto ring = [&](uint32_t slot) -> Mqa512TileInfo& {
+    return *reinterpret_cast<Mqa512TileInfo*>(&s.tile_ring[slot][0]);
+  };
   if (threadIdx.x == 0) {
     // + warp 0's copies of the rows' sinks (a split's rows leave the sink to the combine)
     ptx::mbarrier_init(q_full, p.sinks != nullptr && p.num_splits == 1 ? 1 + 32 : 1);
@@ -298,6 +319,10 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     }
     for (int h = 0; h < kNumHandoffs; ++h) {
       ptx::mbarrier_init(ptx::smem_addr(&s.handoff[h]), h == kRowSums ? 256 : 128);
+    }
+    for (uint32_t slot = 0; slot < 2; ++slot) {
+      ptx::mbarrier_init(tile_full(slot), 1);
+      ptx::mbarrier_init(tile_empty(slot), 8 * kTileCopyLanes);
     }
     ptx::fence_barrier_init();
   }
@@ -323,6 +348,18 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       const Mqa512KeySegments seg = mqa512_key_segments(p, w, kBlockN);
       const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);
       const int n = range.end - range.begin;
+      if (threadIdx.x == 0) {  // publish the work tile: the consumers decode nothing
+        ptx::mbarrier_wait(tile_empty(progress.slot()), progress.slot_phase() ^ 1);
+        Mqa512TileInfo& t = ring(progress.slot());
+        t.w = w;
+        t.seg = seg;
+        t.seg.kv_key0 += range.begin * kBlockN;  // index the split's tiles from 0 (mask_tile)
+        t.seg.num_kv -= range.begin;
+        t.n = n;
+        ptx::mbarrier_arrive(tile_full(progress.slot()));
+      }
+      __syncwarp();  // converged (see the Q load)
+      progress.next_slot();
       if (n == 0) continue;  // the consumers write the empty rows, no loads
       // Warp 0 fills the Q buffer: lane 0 its TMA boxes and, with sinks, every lane two rows'
       // sinks (each lane waits for the buffers' release itself).
@@ -432,7 +469,6 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   const int col_lane = 2 * (lane % 4);
   const int frag_row = warp * 16 + lane / 4;
   // This warp's copy of the current work tile and its key segments (rebased to the split).
-  static_assert(sizeof(Mqa512TileInfo) <= sizeof(s.tile_info[0]), "tile_info too small");
   Mqa512TileInfo& info = *reinterpret_cast<Mqa512TileInfo*>(&s.tile_info[wg * 4 + warp][0]);
   const Mqa512WorkTile& w = info.w;
   const Mqa512KeySegments& seg = info.seg;
@@ -569,19 +605,17 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
 
   for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;  // as in the producer
        progress.next_work(ptx::grid_ctas())) {
-    int n;  // this split's key tiles
-    {
-      Mqa512TileInfo t;
-      t.w = mqa512_decode_tile(p, progress.work());
-      t.seg = mqa512_key_segments(p, t.w, kBlockN);
-      const SplitRange range = split_key_range(t.seg.num_kv + t.seg.num_c, t.w.split, p.num_splits);
-      n = range.end - range.begin;
-      t.seg.kv_key0 += range.begin * kBlockN;  // index the split's tiles from 0 (mask_tile)
-      t.seg.num_kv -= range.begin;
-      __syncwarp();  // the last work tile's readers are done
-      if (lane == 0) info = t;
-      __syncwarp();
+    // This warp's copy of the work tile the producer published, 16 bytes per lane; each
+    // copying lane releases the ring slot itself.
+    ptx::mbarrier_wait(tile_full(progress.slot()), progress.slot_phase());
+    __syncwarp();  // the last work tile's readers of the copy are done
+    if (lane < kTileCopyLanes) {
+      reinterpret_cast<int4*>(&s.tile_info[wg * 4 + warp][0])[lane] =
+          reinterpret_cast<const int4*>(&s.tile_ring[progress.slot()][0])[lane];
+      ptx::mbarrier_arrive(tile_empty(progress.slot()));
     }
+    __syncwarp();
+    const int n = info.n;  // this split's key tiles
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     m_run[0] = m_run[1] = neg_inf;
@@ -741,13 +775,12 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     for (int i = 0; i < 2; ++i) total[i] = quad_sum(l_run[i]);
     if (lane % 4 == 0) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) s.row_sum[progress.sums()][wg][frag_row + 8 * i] = total[i];
+      for (int i = 0; i < 2; ++i) s.row_sum[progress.slot()][wg][frag_row + 8 * i] = total[i];
     }
     ptx::mbarrier_arrive(ptx::smem_addr(&s.handoff[kRowSums]));
-    wait_handoff(kRowSums, progress.sums());
+    wait_handoff(kRowSums, progress.slot());
 #pragma unroll
-    for (int i = 0; i < 2; ++i) total[i] += s.row_sum[progress.sums()][1 - wg][frag_row + 8 * i];
-    progress.flip_sums();
+    for (int i = 0; i < 2; ++i) total[i] += s.row_sum[progress.slot()][1 - wg][frag_row + 8 * i];
 
     constexpr float kLog2e = 1.4426950408889634f;
     const bool split = p.num_splits > 1;
@@ -785,6 +818,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
         p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head) * p.seqlen_q + w.q_start + token] = lse;
       }
     }
+    progress.next_slot();
   }
 }
 
