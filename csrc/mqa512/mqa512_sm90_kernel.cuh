@@ -9,11 +9,12 @@
 //   warpgroup 0           producers: each work tile decoded once, by thread 0, for everyone
 //                          (the tile ring; the consumers only copy it); TMA loads of Q (once
 //                          per work tile, thread 0) and of the key tiles (64 keys x 512, in
-//                          two halves of 256 dims); warps 2s and
-//                          2s + 1 fill stage s, alternate 64-column blocks each. Each tile is
-//                          read as K and V. CSA tiles have no TMA box: the warps gather their
-//                          rows with 16-byte cp.async (zero-filled where an index is not
-//                          visible).
+//                          two halves of 256 dims); warps 2s and 2s + 1 fill stage s,
+//                          alternate 64-column blocks each. Each tile is read as K and V. CSA
+//                          tiles have no TMA box: the warps gather their rows with 16-byte
+//                          cp.async (zero-filled where an index is not visible), reading the
+//                          token's list a stage ahead, and leave the tile's visible slots in
+//                          csa_valid for the consumer's mask.
 //   warpgroups 1, 2        consumers 0 and 1. Consumer w owns O[:, 256w : 256w + 256] and
 //                          computes S = Q K^T (all 512 dims) for the key tiles of stage w: the
 //                          even tiles of a work tile for w = 0, the odd ones for w = 1. Each
@@ -29,7 +30,7 @@
 // Shared memory: Q [8][64 rows][64] and the two stages [2][8][64 keys][64], each [64][64] block
 // one TMA box with the 128-byte swizzle that wgmma reads; the P tiles [3][64][64] in the same
 // layout; the row maxima [2][64] and row sums [2][2][64] the consumers exchange; the rows' sinks
-// [2][64], loaded with Q.
+// [2][64], loaded with Q; the tile ring [2] and the CSA slot masks [2 stages][64 bits].
 //
 // Barrier protocol (phase bits flip once per fill; Mqa512Progress carries them across work tiles):
 //   q_full            producer arrive.expect_tx(64 KB) + TMA, and with sinks 32 more arrivals:
@@ -128,6 +129,7 @@ struct Mqa512Sm90Traits {
     alignas(16) int tile_info[8][kTileInfoInts];
     float row_sum[2][2][kBlockM];    // [work-tile parity][w]: the row sums both consumers need
     float sink[2][kBlockM];          // [Q fill parity]: the rows' sinks, loaded with Q
+    uint32_t csa_valid[2][2];        // [stage][key rows 0-31, 32-63]: a CSA tile's visible slots
     uint64_t q_full, q_empty;
     uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
     uint64_t kv_empty[2][2];          // [stage][half of head_dim]
@@ -405,21 +407,35 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       for (int r = stage; r < n; r += 2) {  // this stage's tiles
         const uint32_t phase = progress.stage(stage, r >> 1);
         const bool compressed = r >= kv_tiles;
+        const bool gathered = compressed && p.topk != nullptr;
+        // CSA: lane l reads the list entries of rows l and l + 32 now, before the stage is free
+        // (the row loop below broadcasts them), and the warp's ballots give the tile's visible
+        // slots.
+        int listed_lo = -1, listed_hi = -1;
+        if (gathered) {
+          const int slot0 = slot_base + r * kBlockN + lane;
+          listed_lo = mqa512_listed_row(listed, p.topk_k, closed, slot0);
+          listed_hi = mqa512_listed_row(listed, p.topk_k, closed, slot0 + 32);
+        }
+        const uint32_t valid_lo = __ballot_sync(0xffffffff, listed_lo >= 0);
+        const uint32_t valid_hi = __ballot_sync(0xffffffff, listed_hi >= 0);
         // Stage w's consumer multiplies its own half of head_dim first: load that half first.
 #pragma unroll 1
         for (int k = 0; k < 2; ++k) {
           const int half = stage ^ k;
           ptx::mbarrier_wait(kv_empty(stage, half), phase ^ 1);
-          if (compressed && p.topk != nullptr) {
+          if (gathered) {
+            // The slots' validity for the consumer's mask (written once the half its reader
+            // releases last is free, published by this warp's kv_full arrivals).
+            if (k == 0 && sub == 0 && lane == 0) {
+              s.csa_valid[stage][0] = valid_lo;
+              s.csa_valid[stage][1] = valid_hi;
+            }
             // Gather: this warp's two 64-column blocks of the half (16 chunks of 16 bytes per
             // row), two rows per step, into the swizzled [8][64][64] layout a TMA box would
-            // have written. Lane l reads the list entries of rows l and l + 32; the row loop
-            // broadcasts them.
+            // have written.
             const uint32_t tile = ptx::smem_addr(&s.kv[stage][0][0][0]);
             const int cb = kHalf * half + sub + 2 * ((lane % 16) / 8), part = lane % 8;
-            const int slot0 = slot_base + r * kBlockN + lane;
-            const int listed_lo = mqa512_listed_row(listed, p.topk_k, closed, slot0);
-            const int listed_hi = mqa512_listed_row(listed, p.topk_k, closed, slot0 + 32);
 #pragma unroll 1
             for (int row0 = 0; row0 < kBlockN; row0 += 2) {
               const int row = row0 + lane / 16;
@@ -568,19 +584,15 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   auto mask_tile = [&](int it) {
     const int num_kv = seg.num_kv;
     const bool compressed = it >= num_kv;
-    if (compressed && p.topk != nullptr) {  // CSA, one token per tile: mask by listed slot
-      const int n0 = (it - num_kv) * kBlockN;
-      const int closed = mqa512_closed_rows(p, w, seg.kv.pos_lo);
-      const int* listed =
-          p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start + w.tok0) * p.topk_k;
+    if (compressed && p.topk != nullptr) {  // CSA: the slots the producer found visible
+      const uint32_t valid[2] = {s.csa_valid[wg][0], s.csa_valid[wg][1]};  // own tile: stage wg
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          if (mqa512_listed_row(listed, p.topk_k, closed, n0 + 8 * j + col_lane + c) < 0) {
-            sacc[4 * j + c] = neg_inf;
-            sacc[4 * j + 2 + c] = neg_inf;
-          }
+          const bool visible = (valid[j / 4] >> ((8 * j + col_lane + c) % 32)) & 1u;
+          sacc[4 * j + c] = visible ? sacc[4 * j + c] : neg_inf;
+          sacc[4 * j + 2 + c] = visible ? sacc[4 * j + 2 + c] : neg_inf;
         }
       }
       return;
