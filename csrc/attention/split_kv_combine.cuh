@@ -70,4 +70,23 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps)
   if (lane == 0) p.lse[(static_cast<size_t>(batch) * p.heads + head) * p.seqlen_q + token] = lse;
 }
 
+// Queues the combine of a split attention kernel's partials (its parameter struct `p`: the
+// partial buffers, sinks, num_splits and the (batch, seqlen_q, heads_q) rows) into out and lse.
+// The caller checks the launch.
+template <typename Element, int kHeadDim, typename KernelParams>
+void launch_split_kv_combine(const KernelParams& p, void* out, float* lse, cudaStream_t stream) {
+  SplitKvCombineParams c;
+  c.o_partial = p.o_partial;
+  c.lse_partial = p.lse_partial;
+  c.out = out;
+  c.lse = lse;
+  c.sinks = p.sinks;
+  c.splits = p.num_splits;
+  c.rows = p.batch * p.seqlen_q * p.heads_q;
+  c.heads = p.heads_q;
+  c.seqlen_q = p.seqlen_q;
+  const unsigned blocks = static_cast<unsigned>((c.rows + kSplitKvCombineWarps - 1) / kSplitKvCombineWarps);
+  split_kv_combine_kernel<Element, kHeadDim><<<blocks, 32 * kSplitKvCombineWarps, 0, stream>>>(c);
+}
+
 }  // namespace dsv4

@@ -131,19 +131,7 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_splits > 1) {
-    SplitKvCombineParams cp;
-    cp.o_partial = p.o_partial;
-    cp.lse_partial = p.lse_partial;
-    cp.out = out.data_ptr();
-    cp.lse = lse.data_ptr<float>();
-    cp.sinks = p.sinks;
-    cp.splits = p.num_splits;
-    cp.rows = p.batch * p.seqlen_q * p.heads_q;
-    cp.heads = p.heads_q;
-    cp.seqlen_q = p.seqlen_q;
-    const unsigned blocks =
-        static_cast<unsigned>((cp.rows + kSplitKvCombineWarps - 1) / kSplitKvCombineWarps);
-    split_kv_combine_kernel<Element, kHeadDim><<<blocks, 32 * kSplitKvCombineWarps, 0, stream>>>(cp);
+    launch_split_kv_combine<Element, kHeadDim>(p, out.data_ptr(), lse.data_ptr<float>(), stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }

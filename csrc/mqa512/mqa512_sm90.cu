@@ -121,18 +121,7 @@ void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::T
   kernel<<<static_cast<unsigned>(grid), T::kThreads, T::kSmemBytes, stream>>>(tq, tkv, tc, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_splits > 1) {
-    SplitKvCombineParams c;
-    c.o_partial = p.o_partial;
-    c.lse_partial = p.lse_partial;
-    c.out = out.data_ptr();
-    c.lse = lse.data_ptr<float>();
-    c.sinks = p.sinks;
-    c.splits = p.num_splits;
-    c.rows = p.batch * p.seqlen_q * p.heads_q;
-    c.heads = p.heads_q;
-    c.seqlen_q = p.seqlen_q;
-    const unsigned blocks = static_cast<unsigned>((c.rows + kSplitKvCombineWarps - 1) / kSplitKvCombineWarps);
-    split_kv_combine_kernel<Element, T::kHeadDim><<<blocks, 32 * kSplitKvCombineWarps, 0, stream>>>(c);
+    launch_split_kv_combine<Element, T::kHeadDim>(p, out.data_ptr(), lse.data_ptr<float>(), stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
