@@ -1,9 +1,10 @@
 #!/bin/bash
 # Builds bin/bench (the kernel as in csrc/) and bin/trace (with clock64 trace points) for an
 # sm_90a device; no torch needed. Carry bin/ to the device machine and run, for example:
-#   bin/bench B Sq Sk Hq causal reps persistent [window_left] [sinks]
+#   bin/bench B Sq Sk Hq causal reps persistent [window_left] [sinks] [compressed]
 #     -> median ms, TFLOP/s and GB/s (window_left 127 with causal 1 and sinks 1 is
-#     dsv4_attention's sliding layer)
+#     dsv4_attention's sliding layer; compressed K > 0 adds CSA's K listed rows of a 4x
+#     compressed KV, -r HCA's closed rows of an r x one)
 #   bin/trace 1 8192 8192 128 1 > t.txt; python3 analyze.py t.txt   -> one pair's timeline
 #   bin/trace 1 8192 8192 128 1 1 1 127 > t.txt; python3 analyze.py t.txt tiles
 #     -> one work tile's timeline on the persistent grid

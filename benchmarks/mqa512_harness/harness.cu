@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
   int persistent = argc > 7 ? atoi(argv[7]) : 0;
   int window_left = argc > 8 ? atoi(argv[8]) : -1;  // dsv4_attention's window W: causal, W - 1
   int with_sinks = argc > 9 ? atoi(argv[9]) : 0;     // 1: a sink per head (dsv4_attention)
+  // dsv4_attention's compressed rows: K > 0, CSA (ratio 4, K listed rows per token); -r, HCA
+  // (every closed row of a ratio-r compressed KV); 0, none.
+  int compressed_mode = argc > 10 ? atoi(argv[10]) : 0;
   using T = Mqa512Sm90Traits<__nv_bfloat16>;
   size_t nq = (size_t)B * S * H * 512, nkv = (size_t)B * Sk * 512;
   __nv_bfloat16 *q, *kv, *out; float* lse;
@@ -67,8 +70,24 @@ int main(int argc, char** argv) {
     float* ds; CK(cudaMalloc(&ds, H * 4)); CK(cudaMemcpy(ds, hs.data(), H * 4, cudaMemcpyHostToDevice));
     p.sinks = ds;
   }
+  __nv_bfloat16* comp = nullptr;
+  const int ratio = compressed_mode > 0 ? 4 : -compressed_mode, Sc = ratio > 0 ? Sk / ratio : 0;
+  if (ratio > 0) {
+    CK(cudaMalloc(&comp, (size_t)B * Sc * 512 * 2)); fill<<<1024, 256>>>(comp, (size_t)B * Sc * 512, 3);
+    p.compress_ratio = ratio; p.seqlen_c = Sc;
+    p.compressed = comp; p.c_batch_stride = (long long)Sc * 512; p.c_row_stride = 512;
+  }
+  if (compressed_mode > 0) {  // token t lists K distinct rows (an odd stride mod a power of two)
+    const int K = compressed_mode;
+    std::vector<int> idx((size_t)B * S * K);
+    for (size_t r = 0; r < (size_t)B * S; ++r)
+      for (int j = 0; j < K; ++j) idx[r * K + j] = (int)((r * 7919 + (size_t)j * 104729) % Sc);
+    int* d; CK(cudaMalloc(&d, idx.size() * 4)); CK(cudaMemcpy(d, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+    p.topk = d; p.topk_k = K;
+  }
   p.num_work = p.num_m_blocks * p.head_blocks * B;
   CUtensorMap tq = tmap(q, B, S, H, p.tile_tokens, p.tile_heads), tkv = tmap(kv, B, Sk, 1, 64, 1);
+  CUtensorMap tc = ratio > 0 ? tmap(comp, B, Sc, 1, 64, 1) : tkv;
   auto kernel = mqa512_sm90_kernel<__nv_bfloat16>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
 #ifdef TRACE
@@ -76,7 +95,7 @@ int main(int argc, char** argv) {
   CK(cudaMemcpyToSymbol(g_trace, &tr, sizeof(tr)));
   int zero[5] = {0, 0, 0, 0, 0}; CK(cudaMemcpyToSymbol(g_trace_n, zero, sizeof(zero)));
   const int grid = persistent ? std::min(p.num_work, 132) : p.num_work;
-  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tkv, p);
+  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);
   CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
   std::vector<unsigned long long> h(8 * kCap); int n[8];
   CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
@@ -92,13 +111,13 @@ int main(int argc, char** argv) {
   }
 #else
   const int grid = persistent ? std::min(p.num_work, 132) : p.num_work;
-  for (int i = 0; i < 3; ++i) kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tkv, p);
+  for (int i = 0; i < 3; ++i) kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);
   CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
   cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
     CK(cudaEventRecord(a));
-    kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tkv, p);
+    kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);
     CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
     float t; CK(cudaEventElapsedTime(&t, a, b)); ms.push_back(t);
   }
@@ -109,12 +128,16 @@ int main(int argc, char** argv) {
     const long pos = t + Sk - S, hi = causal ? std::min<long>(pos + 1, Sk) : Sk;
     const long lo = window_left >= 0 ? std::max<long>(0, pos - window_left) : 0;
     pairs += std::max<long>(hi - lo, 0);
+    if (ratio > 0) {  // closed compressed rows (HCA), or the listed ones (CSA: distinct, in range)
+      const long closed = std::min<long>(Sc, (pos + 1) / ratio);
+      pairs += compressed_mode > 0 ? std::min<long>(compressed_mode, closed) : closed;
+    }
   }
   double fl = 4.0 * B * H * pairs * 512;
   // q and out, and each key row once: what a memory-bound call must move at least.
   double bytes = 2.0 * nq * 2 + (double)nkv * 2;
-  printf("%s B=%d S=%d Sk=%d H=%d causal=%d window_left=%d sinks=%d: median %.4f ms  %.0f TFLOP/s  %.0f GB/s of q+out+kv\n",
-         persistent ? "persistent" : "per-tile", B, S, Sk, H, causal, window_left, with_sinks, ms[reps / 2],
+  printf("%s B=%d S=%d Sk=%d H=%d causal=%d window_left=%d sinks=%d compressed=%d: median %.4f ms  %.0f TFLOP/s  %.0f GB/s of q+out+kv\n",
+         persistent ? "persistent" : "per-tile", B, S, Sk, H, causal, window_left, with_sinks, compressed_mode, ms[reps / 2],
          fl / ms[reps / 2] / 1e9, bytes / ms[reps / 2] / 1e6);
 #endif
   return 0;

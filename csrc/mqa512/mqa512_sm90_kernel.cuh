@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
             // have written.
             const uint32_t tile = ptx::smem_addr(&s.kv[stage][0][0][0]);
             const int cb = kHalf * half + sub + 2 * ((lane % 16) / 8), part = lane % 8;
-#pragma unroll 1
+#pragma unroll 2
             for (int row0 = 0; row0 < kBlockN; row0 += 2) {
               const int row = row0 + lane / 16;
               const int src_row = __shfl_sync(0xffffffff, row0 < 32 ? listed_lo : listed_hi, row % 32);
@@ -444,9 +444,13 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
               const uint32_t dst = tile + cb * kBlockN * 128 + row * 128 + ((part ^ (row % 8)) << 4);
               ptx::cp_async_16_zfill(dst, src + cb * 64 + part * 8, src_row >= 0);
             }
-            ptx::cp_async_wait_all();
-            ptx::fence_proxy_async_smem();  // wgmma reads what cp.async wrote
-            __syncwarp();                   // every lane's copies, before lane 0 signals
+            // The blocks complete as the copies land, without waiting here, so the next half's
+            // copies go out at once: every lane holds both blocks' phases open until its own
+            // copies have landed, then lane 0 gives the one arrival each barrier counts. (The
+            // consumers fence the proxies before their wgmmas read the tile.)
+            ptx::cp_async_mbarrier_arrive(kv_full(stage, kHalf * half + sub));
+            ptx::cp_async_mbarrier_arrive(kv_full(stage, kHalf * half + sub + 2));
+            __syncwarp();  // every lane's copies are tracked before lane 0 arrives
             if (lane == 0) {
               ptx::mbarrier_arrive(kv_full(stage, kHalf * half + sub));
               ptx::mbarrier_arrive(kv_full(stage, kHalf * half + sub + 2));
@@ -503,6 +507,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
 #pragma unroll
     for (int cb = 0; cb < kHalf; ++cb) {
       ptx::mbarrier_wait(kv_full(wg, kHalf * half + cb), phase);
+      if (p.topk != nullptr) ptx::fence_proxy_async_smem();  // a gathered tile: cp.async wrote it
       ptx::wgmma_fence();  // after a spin-wait, or ptxas serializes every wgmma (C7520)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
@@ -528,6 +533,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   auto wait_half = [&](int stage, int half, uint32_t phase) {  // this consumer's V half of a tile
 #pragma unroll
     for (int cb = 0; cb < kHalf; ++cb) ptx::mbarrier_wait(kv_full(stage, kHalf * half + cb), phase);
+    if (p.topk != nullptr) ptx::fence_proxy_async_smem();  // as in issue_qk_half
   };
   auto issue_pv_smem = [&](const Element (&pt)[T::kBlockM][kBlockN], int stage) {
     const uint32_t p_base = ptx::smem_addr(&pt[0][0]);

@@ -25,6 +25,12 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
+// The mbarrier's pending count goes up by one now and back down once all of this thread's
+// earlier cp.async copies have landed: the phase cannot complete before they have.
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 // The mbarrier receives one arrival once all of this thread's earlier cp.async copies have
 // landed. noinc: the arrival is counted in the barrier's initial count.
 __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
