@@ -8,12 +8,14 @@
 #   bin/trace 1 8192 8192 128 1 > t.txt; python3 analyze.py t.txt   -> one pair's timeline
 #   bin/trace 1 8192 8192 128 1 1 1 127 > t.txt; python3 analyze.py t.txt tiles
 #     -> one work tile's timeline on the persistent grid
+#   bin/gather_bench   -> the CSA gather's cp.async rate, alone (gather_bench.cu)
 set -e
 cd "$(dirname "$0")"
 python3 make_traced.py
 mkdir -p bin
 F="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -lcuda"
 nvcc $F -I../../csrc -DKERNEL_HEADER='"mqa512/mqa512_sm90_kernel.cuh"' harness.cu -o bin/bench &
+nvcc $F gather_bench.cu -o bin/gather_bench &
 nvcc $F -Itraced -I../../csrc -DTRACE -DKERNEL_HEADER='"traced/mqa512/mqa512_sm90_kernel.cuh"' \
   harness.cu -o bin/trace &
 wait

@@ -85,7 +85,8 @@ void launch_split_kv_combine(const KernelParams& p, void* out, float* lse, cudaS
   c.rows = p.batch * p.seqlen_q * p.heads_q;
   c.heads = p.heads_q;
   c.seqlen_q = p.seqlen_q;
-  const unsigned blocks = static_cast<unsigned>((c.rows + kSplitKvCombineWarps - 1) / kSplitKvCombineWarps);
+  const unsigned blocks =
+      static_cast<unsigned>((c.rows + kSplitKvCombineWarps - 1) / kSplitKvCombineWarps);
   split_kv_combine_kernel<Element, kHeadDim><<<blocks, 32 * kSplitKvCombineWarps, 0, stream>>>(c);
 }
 

@@ -450,7 +450,9 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
     Element* out = static_cast<Element*>(p.out);
     float sink_log2[2];  // both read before the first store: a load behind it waits for its drain
   #pragma unroll
-    for (int i = 0; i < 2; ++i) sink_log2[i] = p.sinks != nullptr ? p.sinks[head[i]] * kLog2e : neg_inf;
+    for (int i = 0; i < 2; ++i) {
+      sink_log2[i] = p.sinks != nullptr ? p.sinks[head[i]] * kLog2e : neg_inf;
+    }
   #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float inv, lse;

@@ -1,0 +1,122 @@
+// Gather microbenchmark (build.sh -> bin/gather_bench): each warp copies 64 random rows x 256 B
+// (two 128-byte blocks per row) of a 2048-row x 1 KB table into shared memory with 16-byte
+// cp.async, the pattern of the head_dim-512 producer's CSA gather, and reports the cycles per
+// 16 KB half-stage per warp alone on an SM and on all of them. Modes: 0 plain cp.async.cg,
+// 1 with the L2::256B prefetch hint, 2 with it and an evict_last cache policy.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#define CK(x)                                                   \
+  do {                                                          \
+    cudaError_t e = (x);                                        \
+    if (e != cudaSuccess) {                                     \
+      printf("CUDA %s: %s\n", #x, cudaGetErrorString(e));       \
+      return 1;                                                 \
+    }                                                           \
+  } while (0)
+
+constexpr int kRows = 64, kTableRows = 2048, kRowElems = 512, kHalfBytes = kRows * 256;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <int kMode>
+__device__ __forceinline__ void copy16(uint32_t dst, const void* src, uint64_t policy) {
+  if (kMode == 0) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 16;" ::"r"(dst), "l"(src) : "memory");
+  } else if (kMode == 1) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, 16;" ::"r"(dst), "l"(src)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, 16, %2;"
+                 ::"r"(dst), "l"(src), "l"(policy) : "memory");
+  }
+}
+
+// Each warp gathers `iters` half-stages into its own 16 KB, as the producer does: lane l holds
+// the list entries of rows l and l + 32, lanes 0-15 copy one row and 16-31 the next, 16 bytes
+// each, into the 128-byte-swizzled layout a TMA box would write.
+template <int kMode, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps)
+    gather(const uint16_t* table, const int* lists, int iters, long long* cycles) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  const uint32_t tile = smem_u32(smem + warp * kHalfBytes);
+  const long long t0 = clock64();
+  for (int it = 0; it < iters; ++it) {
+    const int* list = lists + ((blockIdx.x * kWarps + warp) * kRows + it * 131) % (1 << 20);
+    const int lo = list[lane] % kTableRows, hi = list[lane + 32] % kTableRows;
+    const int block = 2 * ((lane % 16) / 8), part = lane % 8;
+#pragma unroll 2
+    for (int row0 = 0; row0 < kRows; row0 += 2) {
+      const int row = row0 + lane / 16;
+      const int src_row = __shfl_sync(0xffffffff, row0 < 32 ? lo : hi, row % 32);
+      const uint16_t* src = table + static_cast<long long>(src_row) * kRowElems;
+      const uint32_t dst =
+          tile + (block / 2) * (kRows * 128) + row * 128 + ((part ^ (row % 8)) << 4);
+      copy16<kMode>(dst, src + block * 64 + part * 8, policy);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncwarp();
+  }
+  if (lane == 0) cycles[blockIdx.x * kWarps + warp] = clock64() - t0;
+}
+
+template <int kMode, int kWarps>
+int run(const uint16_t* table, const int* lists, long long* cycles, int iters, int ctas) {
+  auto kernel = gather<kMode, kWarps>;
+  const int smem = kWarps * kHalfBytes;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<ctas, 32 * kWarps, smem>>>(table, lists, iters, cycles);  // warm-up
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  CK(cudaEventCreate(&start));
+  CK(cudaEventCreate(&stop));
+  CK(cudaEventRecord(start));
+  kernel<<<ctas, 32 * kWarps, smem>>>(table, lists, iters, cycles);
+  CK(cudaEventRecord(stop));
+  CK(cudaEventSynchronize(stop));
+  CK(cudaGetLastError());
+  float ms;
+  CK(cudaEventElapsedTime(&ms, start, stop));
+  std::vector<long long> per_warp(ctas * kWarps);
+  CK(cudaMemcpy(per_warp.data(), cycles, per_warp.size() * 8, cudaMemcpyDeviceToHost));
+  double mean = 0;
+  for (long long c : per_warp) mean += static_cast<double>(c) / per_warp.size();
+  const double bytes = static_cast<double>(ctas) * kWarps * iters * kHalfBytes;
+  printf("mode %d, %d warps per CTA, %3d CTAs: %.0f cycles per 16 KB half (%.1f B/clk per warp), "
+         "%.0f GB/s in all\n",
+         kMode, kWarps, ctas, mean / iters, kHalfBytes / (mean / iters), bytes / ms / 1e6);
+  return 0;
+}
+
+int main() {
+  uint16_t* table;
+  int* lists;
+  long long* cycles;
+  CK(cudaMalloc(&table, kTableRows * kRowElems * 2));
+  CK(cudaMemset(table, 1, kTableRows * kRowElems * 2));
+  std::vector<int> host_lists(1 << 20);
+  unsigned x = 12345;
+  for (int& v : host_lists) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<int>(x >> 8);
+  }
+  CK(cudaMalloc(&lists, host_lists.size() * 4 + 4096));  // + the last warp's overrun
+  CK(cudaMemcpy(lists, host_lists.data(), host_lists.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&cycles, 132 * 4 * 8));
+  for (int ctas : {1, 132}) {
+    if (run<0, 1>(table, lists, cycles, 200, ctas) || run<0, 2>(table, lists, cycles, 200, ctas) ||
+        run<0, 4>(table, lists, cycles, 200, ctas) || run<1, 2>(table, lists, cycles, 200, ctas) ||
+        run<2, 2>(table, lists, cycles, 200, ctas) || run<2, 4>(table, lists, cycles, 200, ctas)) {
+      return 1;
+    }
+  }
+  return 0;
+}
