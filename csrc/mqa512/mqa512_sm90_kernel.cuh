@@ -43,8 +43,9 @@
 //   q_empty           each consumer thread after its last QK^T of the work tile (consumer 1
 //                     of a one-tile work tile at once)            -> producer, before next Q
 //   kv_full[s][c]     one per 64-column block c of stage s, one arrival: lane 0's
-//                     expect_tx(8 KB) with the block's TMA box, or, for a gather, lane 0 after
-//                     every lane's copies landed, a fence.proxy.async and a __syncwarp
+//                     expect_tx(8 KB) with the block's TMA box, or, for a gather, lane 0's
+//                     after a __syncwarp, every lane's cp.async.mbarrier.arrive holding the
+//                     phase open until its copies land (the readers then fence the proxies)
 //                     -> readers of that block (Q K^T starts on the first block that lands)
 //   kv_empty[s][h]    half h of stage s is read by consumer s (QK^T) and consumer h (P V):
 //                     128 arrivals when s == h (after consumer s's own P V), else 256
