@@ -183,17 +183,23 @@ def test_chunk_uncovered_sizes_take_reference_path(gen):
     assert dsv4_attn.chunk_gla_path(q2, k2, v2) == "reference"
 
 
+def _capture(op, static, **kw):
+    """One warm-up call, then the op on the `static` inputs (q, k, v, g, beta first) captured
+    into a CUDA graph: the graph and its outputs, which each replay refreshes."""
+    run_op(op, *static[:5], **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = run_op(op, *static[:5], **kw)
+    return graph, outputs
+
+
 @needs_sm90
 @pytest.mark.parametrize("op", OPS)
 def test_chunk_sm90_cuda_graph_replay(gen, op):
     """Dense calls are capturable (no host sync on the sm90 path) and replays see new data."""
     static = list(make_inputs(gen, 2, 200, 2, 4, 2, "mild"))
-    kw = dict(initial_state=static[5], output_final_state=True)
-    run_op(op, *static[:5], **kw)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o, final = run_op(op, *static[:5], **kw)
+    graph, (o, final) = _capture(op, static, initial_state=static[5], output_final_state=True)
     for _ in range(2):
         fresh = make_inputs(gen, 2, 200, 2, 4, 2, "mild")
         for dst, src in zip(static, fresh):
@@ -250,12 +256,8 @@ def test_chunk_sm90_varlen_cuda_graph_new_lengths(gen, op):
     total = sum(lens)
     static = list(make_inputs(gen, 1, total, 2, 4, n, "mild"))
     cu = cu_seqlens(lens, "cuda")
-    kw = dict(initial_state=static[5], output_final_state=True, cu_seqlens=cu)
-    run_op(op, *static[:5], **kw)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o, final = run_op(op, *static[:5], **kw)
+    graph, (o, final) = _capture(op, static, initial_state=static[5], output_final_state=True,
+                                 cu_seqlens=cu)
     for _ in range(2):
         new_lens = torch.tensor(_many_lengths(gen, n, longest=2048), dtype=torch.float64)
         # The same total: scale the lengths, then give the rounding remainder to the last one.
