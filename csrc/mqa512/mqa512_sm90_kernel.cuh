@@ -248,6 +248,12 @@ __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm9
   return k;
 }
 
+// Whether the kernel folds in the sinks, which then travel with Q (a split's rows leave them to
+// the combine kernel).
+__device__ __forceinline__ bool mqa512_sinks_with_q(const Mqa512Sm90Params& p) {
+  return p.sinks != nullptr && p.num_splits == 1;
+}
+
 // CSA: the compressed row in slot `slot` of a token's list (`listed`, K entries), or -1 where
 // it is not visible (past K, negative, or not below `closed` = min(Sc, (t + 1) / r)).
 __device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, int closed,
@@ -310,8 +316,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     return *reinterpret_cast<Mqa512TileInfo*>(&s.tile_ring[slot][0]);
   };
   if (threadIdx.x == 0) {
-    // + warp 0's copies of the rows' sinks (a split's rows leave the sink to the combine)
-    ptx::mbarrier_init(q_full, p.sinks != nullptr && p.num_splits == 1 ? 1 + 32 : 1);
+    ptx::mbarrier_init(q_full, mqa512_sinks_with_q(p) ? 1 + 32 : 1);  // + warp 0's sink copies
     ptx::mbarrier_init(q_empty, T::kConsumerThreads);
     for (int stage = 0; stage < 2; ++stage) {
       for (int cb = 0; cb < kColBlocks; ++cb) ptx::mbarrier_init(kv_full(stage, cb), 1);
@@ -366,7 +371,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       if (n == 0) continue;  // the consumers write the empty rows, no loads
       // Warp 0 fills the Q buffer: lane 0 its TMA boxes and, with sinks, every lane two rows'
       // sinks (each lane waits for the buffers' release itself).
-      const bool sinks_with_q = p.sinks != nullptr && p.num_splits == 1;
+      const bool sinks_with_q = mqa512_sinks_with_q(p);
       if (threadIdx.x == 0 || (sinks_with_q && threadIdx.x < 32)) {
         ptx::mbarrier_wait(q_empty, progress.q() ^ 1);
         if (threadIdx.x == 0) {
@@ -804,7 +809,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     constexpr float kLog2e = 1.4426950408889634f;
     const bool split = p.num_splits > 1;
     Element* out = static_cast<Element*>(p.out);
-    const bool has_sink = p.sinks != nullptr && !split;
+    const bool has_sink = mqa512_sinks_with_q(p);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = frag_row + 8 * i;
