@@ -9,6 +9,9 @@
 #include <cstdio>
 #include <vector>
 
+#include "ptx/cp_async.cuh"
+#include "ptx/mbarrier.cuh"  // smem_addr
+
 #define CK(x)                                                   \
   do {                                                          \
     cudaError_t e = (x);                                        \
@@ -20,14 +23,10 @@
 
 constexpr int kRows = 64, kTableRows = 2048, kRowElems = 512, kHalfBytes = kRows * 256;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 template <int kMode>
 __device__ __forceinline__ void copy16(uint32_t dst, const void* src, uint64_t policy) {
   if (kMode == 0) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 16;" ::"r"(dst), "l"(src) : "memory");
+    dsv4::ptx::cp_async_16_zfill(dst, src, true);  // the producer's copy
   } else if (kMode == 1) {
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, 16;" ::"r"(dst), "l"(src)
                  : "memory");
@@ -47,7 +46,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  const uint32_t tile = smem_u32(smem + warp * kHalfBytes);
+  const uint32_t tile = dsv4::ptx::smem_addr(smem + warp * kHalfBytes);
   const long long t0 = clock64();
   for (int it = 0; it < iters; ++it) {
     const int* list = lists + ((blockIdx.x * kWarps + warp) * kRows + it * 131) % (1 << 20);
@@ -62,7 +61,7 @@ __global__ void __launch_bounds__(32 * kWarps)
           tile + (block / 2) * (kRows * 128) + row * 128 + ((part ^ (row % 8)) << 4);
       copy16<kMode>(dst, src + block * 64 + part * 8, policy);
     }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    dsv4::ptx::cp_async_wait_all();
     __syncwarp();
   }
   if (lane == 0) cycles[blockIdx.x * kWarps + warp] = clock64() - t0;
