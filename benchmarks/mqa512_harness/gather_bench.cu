@@ -2,7 +2,8 @@
 // (two 128-byte blocks per row) of a 2048-row x 1 KB table into shared memory with 16-byte
 // cp.async, the pattern of the head_dim-512 producer's CSA gather, and reports the cycles per
 // 16 KB half-stage per warp alone on an SM and on all of them. Modes: 0 plain cp.async.cg,
-// 1 with the L2::256B prefetch hint, 2 with it and an evict_last cache policy.
+// 1 with the L2::256B prefetch hint, 2 with it and an evict_last cache policy, 3 plain with the
+// producer's lane map (8 lanes per 128-byte block row, the rows' sources shuffled ahead).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -51,15 +52,30 @@ __global__ void __launch_bounds__(32 * kWarps)
   for (int it = 0; it < iters; ++it) {
     const int* list = lists + ((blockIdx.x * kWarps + warp) * kRows + it * 131) % (1 << 20);
     const int lo = list[lane] % kTableRows, hi = list[lane + 32] % kTableRows;
-    const int block = 2 * ((lane % 16) / 8), part = lane % 8;
+    if constexpr (kMode == 3) {
+      // Lane 8 q + part copies 16-byte part `part` of rows q + 4 i in both blocks.
+      const int part = lane % 8, row_sub = lane / 8;
+      const uint32_t dst_even = tile + row_sub * 128 + ((part ^ row_sub) << 4);
+      const uint32_t dst_odd = tile + row_sub * 128 + ((part ^ (row_sub + 4)) << 4);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int src_row = __shfl_sync(0xffffffff, i < 8 ? lo : hi, (row_sub + 4 * i) % 32);
+        const uint16_t* src = table + static_cast<long long>(src_row) * kRowElems + part * 8;
+        const uint32_t dst = (i % 2 ? dst_odd : dst_even) + 512 * i;
+        dsv4::ptx::cp_async_16_zfill(dst, src, true);
+        dsv4::ptx::cp_async_16_zfill(dst + kRows * 128, src + 128, true);
+      }
+    } else {
+      const int block = 2 * ((lane % 16) / 8), part = lane % 8;
 #pragma unroll 2
-    for (int row0 = 0; row0 < kRows; row0 += 2) {
-      const int row = row0 + lane / 16;
-      const int src_row = __shfl_sync(0xffffffff, row0 < 32 ? lo : hi, row % 32);
-      const uint16_t* src = table + static_cast<long long>(src_row) * kRowElems;
-      const uint32_t dst =
-          tile + (block / 2) * (kRows * 128) + row * 128 + ((part ^ (row % 8)) << 4);
-      copy16<kMode>(dst, src + block * 64 + part * 8, policy);
+      for (int row0 = 0; row0 < kRows; row0 += 2) {
+        const int row = row0 + lane / 16;
+        const int src_row = __shfl_sync(0xffffffff, row0 < 32 ? lo : hi, row % 32);
+        const uint16_t* src = table + static_cast<long long>(src_row) * kRowElems;
+        const uint32_t dst =
+            tile + (block / 2) * (kRows * 128) + row * 128 + ((part ^ (row % 8)) << 4);
+        copy16<kMode>(dst, src + block * 64 + part * 8, policy);
+      }
     }
     dsv4::ptx::cp_async_wait_all();
     __syncwarp();
@@ -111,9 +127,10 @@ int main() {
   CK(cudaMemcpy(lists, host_lists.data(), host_lists.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMalloc(&cycles, 132 * 4 * 8));
   for (int ctas : {1, 132}) {
-    if (run<0, 1>(table, lists, cycles, 200, ctas) || run<0, 2>(table, lists, cycles, 200, ctas) ||
-        run<0, 4>(table, lists, cycles, 200, ctas) || run<1, 2>(table, lists, cycles, 200, ctas) ||
-        run<2, 2>(table, lists, cycles, 200, ctas) || run<2, 4>(table, lists, cycles, 200, ctas)) {
+    if (run<0, 1>(table, lists, cycles, 200, ctas) || run<3, 1>(table, lists, cycles, 200, ctas) ||
+        run<0, 2>(table, lists, cycles, 200, ctas) || run<3, 2>(table, lists, cycles, 200, ctas) ||
+        run<0, 4>(table, lists, cycles, 200, ctas) || run<3, 4>(table, lists, cycles, 200, ctas) ||
+        run<1, 2>(table, lists, cycles, 200, ctas) || run<2, 4>(table, lists, cycles, 200, ctas)) {
       return 1;
     }
   }

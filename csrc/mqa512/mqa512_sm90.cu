@@ -240,6 +240,12 @@ bool mqa512_sm90_covers(const Dsv4Call& c) {
   }
   if (!tma_compatible(q_bshd(c)) || !tma_compatible(rows_bshd(c, c.kv))) return false;
   if (has_compressed(c) && !tma_compatible(rows_bshd(c, *c.compressed_kv))) return false;
+  // The CSA gather offsets rows by a 32-bit byte stride.
+  if (c.topk_indices.has_value() && has_compressed(c)) {
+    const int64_t row_bytes =
+        c.compressed_kv->stride(c.varlen ? 0 : 1) * c.compressed_kv->element_size();
+    if (row_bytes >= (int64_t{1} << 32)) return false;
+  }
   return true;
 }
 

@@ -437,18 +437,26 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
               s.csa_valid[stage][0] = valid_lo;
               s.csa_valid[stage][1] = valid_hi;
             }
-            // Gather: this warp's two 64-column blocks of the half (16 chunks of 16 bytes per
-            // row), two rows per step, into the swizzled [8][64][64] layout a TMA box would
-            // have written.
-            const uint32_t tile = ptx::smem_addr(&s.kv[stage][0][0][0]);
-            const int cb = kHalf * half + sub + 2 * ((lane % 16) / 8), part = lane % 8;
-#pragma unroll 2
-            for (int row0 = 0; row0 < kBlockN; row0 += 2) {
-              const int row = row0 + lane / 16;
-              const int src_row = __shfl_sync(0xffffffff, row0 < 32 ? listed_lo : listed_hi, row % 32);
-              const Element* src = rows + static_cast<long long>(max(src_row, 0)) * p.c_row_stride;
-              const uint32_t dst = tile + cb * kBlockN * 128 + row * 128 + ((part ^ (row % 8)) << 4);
-              ptx::cp_async_16_zfill(dst, src + cb * 64 + part * 8, src_row >= 0);
+            // Gather: this warp's two 64-column blocks of the half, cb and cb + 2, into the
+            // swizzled [8][64][64] layout a TMA box would have written. Lane 8 q + part copies
+            // 16-byte part `part` of rows q + 4 i (i < 16) in both blocks; the rows' sources are
+            // shuffled from the listing lanes ahead of the copies.
+            const int cb = kHalf * half + sub, part = lane % 8, row_sub = lane / 8;
+            const uint32_t tile = ptx::smem_addr(&s.kv[stage][cb][0][0]) + row_sub * 128;
+            // Row q + 4 i sits at swizzle phase q + 4 (i % 2): chunk part ^ q, then ^ 4 for odd i.
+            const uint32_t dst0 = tile + ((part ^ row_sub) << 4);
+            const char* src_base = reinterpret_cast<const char*>(rows + cb * 64 + part * 8);
+            const uint32_t row_bytes = static_cast<uint32_t>(p.c_row_stride * sizeof(Element));
+#pragma unroll
+            for (int i = 0; i < kBlockN / 4; ++i) {
+              const int src_row =
+                  __shfl_sync(0xffffffff, i < 8 ? listed_lo : listed_hi, (row_sub + 4 * i) % 32);
+              const char* src =
+                  src_base + static_cast<uint64_t>(static_cast<uint32_t>(max(src_row, 0))) * row_bytes;
+              const uint32_t dst = (dst0 ^ (i % 2 ? 64u : 0u)) + 4 * 128 * i;
+              ptx::cp_async_16_zfill(dst, src, src_row >= 0);
+              ptx::cp_async_16_zfill(dst + 2 * kBlockN * 128, src + 2 * 64 * sizeof(Element),
+                                     src_row >= 0);
             }
             // The blocks complete as the copies land, without waiting here, so the next half's
             // copies go out at once: every lane holds both blocks' phases open until its own

@@ -37,7 +37,7 @@ struct Mqa512Sm90Params {
   int seqlen_c;
   // CSA instead of HCA: only the rows listed in topk (B, Sq, topk_k) int32, contiguous, that are
   // closed are visible; they are gathered from `compressed` (row w of batch b at
-  // compressed + b * c_batch_stride + w * c_row_stride elements).
+  // compressed + b * c_batch_stride + w * c_row_stride elements; c_row_stride bytes < 2^32).
   const int* topk;     // nullptr: HCA (every closed row)
   int topk_k;
   const void* compressed;
