@@ -14,22 +14,34 @@ namespace dsv4 {
 
 constexpr int kSplitKvCombineWarps = 8;  // rows per 256-thread block
 
+// (At least one block per SM: without that bound ptxas held the head_dim-64 instance to 32
+// registers, and it spilled.)
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(32 * kSplitKvCombineWarps)
+__global__ void __launch_bounds__(32 * kSplitKvCombineWarps, 1)
     split_kv_combine_kernel(const SplitKvCombineParams p) {
   static_assert(kHeadDim % 64 == 0, "a lane owns whole float2 or float4 groups");
   // Each lane owns kVec groups of kWidth floats (float4, or float2 at head_dim 64).
   constexpr int kWidth = kHeadDim % 128 == 0 ? 4 : 2;
   constexpr int kVec = kHeadDim / (32 * kWidth);
   using Group = std::conditional_t<kWidth == 4, float4, float2>;
+  constexpr int kSplitsInFlight = kVec == 1 ? 16 : 4;  // partial rows loaded at once
   const int row = blockIdx.x * kSplitKvCombineWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= p.rows) return;
   const int head = row % p.heads, token = (row / p.heads) % p.seqlen_q;
   const int batch = row / p.heads / p.seqlen_q;
   const float neg_inf = __int_as_float(0xff800000);
 
-  float m = p.sinks != nullptr ? p.sinks[head] : neg_inf;
-  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.lse_partial[static_cast<size_t>(s) * p.rows + row]);
+  // The splits' lse are read in parallel (lane l holds splits l, l + 32, ...) and their
+  // weights broadcast from there, and the partial rows' loads are unrolled: a decode call has
+  // few rows, so this kernel's time is its chain of global-load latencies, not bandwidth.
+  const float sink = p.sinks != nullptr ? p.sinks[head] : neg_inf;
+  const float* lse_row = p.lse_partial + row;
+  float m = sink;
+  for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, lse_row[static_cast<size_t>(s) * p.rows]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, offset));
+  }
   float acc[kVec][kWidth];
 #pragma unroll
   for (int v = 0; v < kVec; ++v) {
@@ -38,21 +50,33 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps)
   }
   float z = 0.f, lse = neg_inf;
   if (m != neg_inf) {  // else nothing visible and no sink: out 0, lse -inf
-    z = p.sinks != nullptr ? expf(p.sinks[head] - m) : 0.f;
-    for (int s = 0; s < p.splits; ++s) {
-      const float w = expf(p.lse_partial[static_cast<size_t>(s) * p.rows + row] - m);
-      if (w == 0.f) continue;  // a split with no visible key (lse -inf)
-      z += w;
-      const Group* src = reinterpret_cast<const Group*>(
-          p.o_partial + (static_cast<size_t>(s) * p.rows + row) * kHeadDim);
+    float z_lane = 0.f;
+    for (int s0 = 0; s0 < p.splits; s0 += 32) {
+      const int count = min(32, p.splits - s0);
+      const float w_lane =
+          lane < count ? expf(lse_row[static_cast<size_t>(s0 + lane) * p.rows] - m) : 0.f;
+      z_lane += w_lane;
+#pragma unroll kSplitsInFlight
+      for (int j = 0; j < count; ++j) {
+        const float w = __shfl_sync(0xffffffff, w_lane, j);
+        const Group* src = reinterpret_cast<const Group*>(
+            p.o_partial + (static_cast<size_t>(s0 + j) * p.rows + row) * kHeadDim);
 #pragma unroll
-      for (int v = 0; v < kVec; ++v) {
-        const Group x = src[lane + 32 * v];
-        const float* xs = reinterpret_cast<const float*>(&x);
+        for (int v = 0; v < kVec; ++v) {
+          const Group x = src[lane + 32 * v];
+          float xs[4] = {x.x, x.y, 0.f, 0.f};
+          if constexpr (kWidth == 4) xs[2] = x.z, xs[3] = x.w;
+          // A split with no visible key (w = 0) is skipped, whatever its partial row holds.
 #pragma unroll
-        for (int e = 0; e < kWidth; ++e) acc[v][e] = fmaf(w, xs[e], acc[v][e]);
+          for (int e = 0; e < kWidth; ++e) acc[v][e] = w != 0.f ? fmaf(w, xs[e], acc[v][e]) : acc[v][e];
+        }
       }
     }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      z_lane += __shfl_xor_sync(0xffffffff, z_lane, offset);
+    }
+    z = z_lane + (p.sinks != nullptr ? expf(sink - m) : 0.f);
     lse = m + logf(z);
   }
   const float inv = z > 0.f ? 1.f / z : 0.f;
