@@ -1,9 +1,10 @@
 // Gather microbenchmark (build.sh -> bin/gather_bench): each warp copies 64 random rows x 256 B
 // (two 128-byte blocks per row) of a 2048-row x 1 KB table into shared memory with 16-byte
-// cp.async, the pattern of the head_dim-512 producer's CSA gather, and reports the cycles per
-// 16 KB half-stage per warp alone on an SM and on all of them. Modes: 0 plain cp.async.cg,
-// 1 with the L2::256B prefetch hint, 2 with it and an evict_last cache policy, 3 plain with the
-// producer's lane map (8 lanes per 128-byte block row, the rows' sources shuffled ahead).
+// cp.async, as the head_dim-512 producer's CSA gather does, and reports the cycles per 16 KB
+// half-stage per warp alone on an SM and on all of them. Modes 0-2 use the producer's first
+// lane map (16 lanes per row, one shuffled index per copy): 0 plain cp.async.cg, 1 with the
+// L2::256B prefetch hint, 2 with it and an evict_last cache policy. Mode 3 is the producer's
+// lane map now (8 lanes per 128-byte block row, 16 rows per lane, unrolled).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -38,8 +39,8 @@ __device__ __forceinline__ void copy16(uint32_t dst, const void* src, uint64_t p
 }
 
 // Each warp gathers `iters` half-stages into its own 16 KB, as the producer does: lane l holds
-// the list entries of rows l and l + 32, lanes 0-15 copy one row and 16-31 the next, 16 bytes
-// each, into the 128-byte-swizzled layout a TMA box would write.
+// the list entries of rows l and l + 32, and the copies land in the 128-byte-swizzled layout a
+// TMA box would write.
 template <int kMode, int kWarps>
 __global__ void __launch_bounds__(32 * kWarps)
     gather(const uint16_t* table, const int* lists, int iters, long long* cycles) {
