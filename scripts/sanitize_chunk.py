@@ -1,7 +1,8 @@
 """A small varlen call of each chunked op on the sm90 path, for compute-sanitizer
 memcheck/racecheck: lengths straddle the 64-token chunk, one sequence is empty, GVA ratio 2,
 initial and final state, so every role and both pipeline stages wrap around; the delta rule
-also runs with use_qk_l2norm_in_kernel, and simple GLA once more cut into segments."""
+also runs with use_qk_l2norm_in_kernel, and both ops once more cut into segments (the delta
+rule's state-map pass reads no v)."""
 import os
 
 import torch
@@ -29,11 +30,12 @@ o2, f2 = dsv4_attn.chunk_simple_gla(q, k, v, g, initial_state=s0, output_final_s
 o3, f3 = dsv4_attn.chunk_gated_delta_rule(3 * q, k, v, g.bfloat16(), beta.bfloat16(),
                                           initial_state=s0, output_final_state=True,
                                           cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
-# Simple GLA cut into segments (state-only pass, combine, second pass), dense with B = 2.
+# Both ops cut into segments (state-only passes, combine, last pass), dense with B = 2.
 os.environ["DSV4_CHUNK_SEGMENTS"] = "3"
-dense = [x.view(2, 165, *x.shape[2:])[:, :160].contiguous() for x in (q, k, v, g)]
-o4, f4 = dsv4_attn.chunk_simple_gla(*dense, initial_state=s0[:2], output_final_state=True)
+dense = [x.view(2, 165, *x.shape[2:])[:, :160].contiguous() for x in (q, k, v, g, beta)]
+o4, f4 = dsv4_attn.chunk_simple_gla(*dense[:4], initial_state=s0[:2], output_final_state=True)
+o5, f5 = dsv4_attn.chunk_gated_delta_rule(*dense, initial_state=s0[:2], output_final_state=True)
 del os.environ["DSV4_CHUNK_SEGMENTS"]
 torch.cuda.synchronize()
-assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3, o4, f4))
+assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3, o4, f4, o5, f5))
 print("sanitize_chunk: sm90 path ran for both ops (and the fused l2norm), outputs finite")

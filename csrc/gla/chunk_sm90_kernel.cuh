@@ -7,9 +7,9 @@
 // v-columns and the chain's operands come from registers or from tiles as TMA wrote them.
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, warp 0  producer: TMA loads of the chunk's q, k (both halves of K), this
-//                        CTA's 64 columns of v and, for the delta rule, the chunk's ungated
-//                        inverse T_u (csrc/gla/chunk_sm90_inverse.cuh, run before this kernel);
-//                        cp.async of g and beta (zero past the chunk).
+//                        CTA's 64 columns of v (none with zero_v) and, for the delta rule,
+//                        the chunk's ungated inverse T_u (csrc/gla/chunk_sm90_inverse.cuh,
+//                        run before this kernel); cp.async of g and beta (zero past the chunk).
 //   warpgroup 1          prep, everything that does not depend on S, one chunk ahead:
 //                        G = cumsum(g) (log2 units), P = (Q K^T) . Gamma . [i >= j]  and, for the
 //                        delta rule, T = (I + strict_lower(beta_i Gamma_ij k_i.k_j))^-1
@@ -142,6 +142,12 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     }
     ptx::fence_barrier_init();
   }
+  if (p.zero_v) {  // v is never loaded: its tiles stay zero
+    for (int i = threadIdx.x; i < kStages * int(sizeof(s.stage[0].v) / 16);
+         i += Tr::kThreads) {
+      reinterpret_cast<uint4*>(&s.stage[i % kStages].v[0][0])[i / kStages] = make_uint4(0, 0, 0, 0);
+    }
+  }
   __syncthreads();
 
   const int warpgroup = threadIdx.x / 128;
@@ -165,14 +171,17 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       ptx::mbarrier_wait(ptx::smem_addr(&s.empty[st]), phase ^ 1);
       const int row = tma_row0 + c * kChunk;
       if (lane == 0) {
-        ptx::mbarrier_arrive_expect_tx(full, kDelta ? Tr::kLoadBytesDelta : Tr::kLoadBytes);
+        ptx::mbarrier_arrive_expect_tx(
+            full, (kDelta ? Tr::kLoadBytesDelta : Tr::kLoadBytes) - (p.zero_v ? sizeof(S.v) : 0));
         for (int cb = 0; cb < 2; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&S.q[cb][0][0]), &tmap_q, full, cb * 64, row, head_qk,
                            tma_batch);
           ptx::tma_load_4d(ptx::smem_addr(&S.k[cb][0][0]), &tmap_k, full, cb * 64, row, head_qk,
                            tma_batch);
         }
-        ptx::tma_load_4d(ptx::smem_addr(&S.v[0][0]), &tmap_v, full, v0, row, hv, tma_batch);
+        if (!p.zero_v) {
+          ptx::tma_load_4d(ptx::smem_addr(&S.v[0][0]), &tmap_v, full, v0, row, hv, tma_batch);
+        }
         if constexpr (kDelta) {
           ptx::tma_load_4d(ptx::smem_addr(&S.t[0][0]), &tmap_t, full, 0, row, hv, tma_batch);
         }

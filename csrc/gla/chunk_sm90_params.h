@@ -20,6 +20,8 @@ struct ChunkSm90Params {
   int heads_v, group;          // group = HV / H; v-head hv reads qk-head hv / group
   float scale;
   bool qk_l2norm;               // delta rule: l2-normalize q and k rows first
+  bool zero_v;                  // v taken as zeros (not loaded): with S_0 = I the pass computes
+                                // the sequence's state map (the delta rule's segment split)
 };
 
 // The delta rule's inverse kernel (csrc/gla/chunk_sm90_inverse.cuh): one CTA per (chunk, v-head).
