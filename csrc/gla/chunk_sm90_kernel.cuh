@@ -23,6 +23,7 @@
 //                          S^T = e^G_last S^T + (w V_new)^T K,  w = e^(G_last - G)  (wgmma RS)
 //                        then S^T goes to shared memory in 16 bits for the next chunk's
 //                        products, and O through a staging tile to HBM with coalesced stores.
+//                        A state-only pass (no o) skips Y, O and the prep's P.
 // Gamma_ij = exp(G_i - G_j) is always computed pairwise, and only where it is selected.
 //
 // Barriers per stage s (two stages; parity flips once per pass over the ring):
@@ -209,6 +210,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     // ------------------------------------------------------------------ prep
     ptx::setmaxnreg_inc<Tr::kPrepRegs>();
     constexpr uint32_t kPrepBar = 1;
+    const bool write_p = p.o != nullptr;  // P feeds only o's products
     for (int c = 0; c < num_chunks; ++c) {
       const int st = c % kStages;
       const uint32_t phase = (c / kStages) & 1;
@@ -228,14 +230,16 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       const uint32_t q_base = ptx::smem_addr(&S.q[0][0][0]);
       const uint32_t k_base = ptx::smem_addr(&S.k[0][0][0]);
       ptx::wgmma_fence();
+      if (write_p) {
 #pragma unroll
-      for (int cb = 0; cb < 2; ++cb) {
+        for (int cb = 0; cb < 2; ++cb) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const uint32_t off = cb * kChunk * 128 + kk * 32;
-          const uint64_t dk = ptx::smem_desc_sw128(k_base + off, 0, 1024);
-          ptx::WgmmaSS<64, Element>::run(pacc, ptx::smem_desc_sw128(q_base + off, 0, 1024), dk,
-                                         (cb | kk) != 0);
+          for (int kk = 0; kk < 4; ++kk) {
+            const uint32_t off = cb * kChunk * 128 + kk * 32;
+            const uint64_t dk = ptx::smem_desc_sw128(k_base + off, 0, 1024);
+            ptx::WgmmaSS<64, Element>::run(pacc, ptx::smem_desc_sw128(q_base + off, 0, 1024),
+                                           dk, (cb | kk) != 0);
+          }
         }
       }
       ptx::wgmma_commit();
@@ -288,9 +292,11 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
             // Selected before exp: the upper triangle never reaches the exponential.
             gamma[cc] = ptx::exp2_approx(row >= col ? gi - g_col[2 * j + cc] : neg_inf);
           }
-          store_at(&S.p[0][0], at,
-                   ptx::pack2<Element>(pacc[4 * j + 2 * i] * gamma[0],
-                                       pacc[4 * j + 2 * i + 1] * gamma[1]));
+          if (write_p) {
+            store_at(&S.p[0][0], at,
+                     ptx::pack2<Element>(pacc[4 * j + 2 * i] * gamma[0],
+                                         pacc[4 * j + 2 * i + 1] * gamma[1]));
+          }
           if constexpr (kDelta) {
             const uint32_t raw = load_at<uint32_t>(&S.t[0][0], at);
             const Element* t_u = reinterpret_cast<const Element*>(&raw);
@@ -348,6 +354,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   ptx::named_barrier_sync(kChainBar, 128);
 
   Element* out = static_cast<Element*>(p.o);
+  const bool write_o = out != nullptr;  // no o: a state-only pass (intra-sequence split)
   for (int c = 0; c < num_chunks; ++c) {
     const int st = c % kStages;
     const uint32_t phase = (c / kStages) & 1;
@@ -375,14 +382,17 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       }
       ptx::wgmma_commit();
     }
+    if (write_o) {  // a state-only pass skips o's products (an empty group keeps the count)
 #pragma unroll
-    for (int cb = 0; cb < 2; ++cb) {
+      for (int cb = 0; cb < 2; ++cb) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t off = cb * kChunk * 128 + kk * 32;
-        const uint64_t da = ptx::smem_desc_sw128(st_base + cb * Tr::kBlockV * 128 + kk * 32, 0, 1024);
-        ptx::WgmmaSS<64, Element>::run(yacc, da, ptx::smem_desc_sw128(q_base + off, 0, 1024),
-                                       (cb | kk) != 0);
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint32_t off = cb * kChunk * 128 + kk * 32;
+          const uint64_t da =
+              ptx::smem_desc_sw128(st_base + cb * Tr::kBlockV * 128 + kk * 32, 0, 1024);
+          ptx::WgmmaSS<64, Element>::run(yacc, da, ptx::smem_desc_sw128(q_base + off, 0, 1024),
+                                         (cb | kk) != 0);
+        }
       }
     }
     ptx::wgmma_commit();
@@ -466,10 +476,12 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) sacc[i] *= chunk_decay;
     ptx::wgmma_fence();
+    if (write_o) {
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const uint64_t db = ptx::smem_desc_sw128(ptx::smem_addr(&S.p[0][0]) + t * 32, 0, 1024);
-      ptx::WgmmaRS<64, Element, 0>::run(yacc, vfrag[t], db, 1);
+      for (int t = 0; t < 4; ++t) {
+        const uint64_t db = ptx::smem_desc_sw128(ptx::smem_addr(&S.p[0][0]) + t * 32, 0, 1024);
+        ptx::WgmmaRS<64, Element, 0>::run(yacc, vfrag[t], db, 1);
+      }
     }
     ptx::wgmma_commit();
 #pragma unroll
@@ -488,7 +500,6 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 
     store_state();
     Element* stage_o = &s.o_stage[c % 2][0][0];
-    const bool write_o = out != nullptr;  // no o: a state-only pass (intra-sequence split)
 #pragma unroll
     for (int j = 0; j < 8 && write_o; ++j) {
 #pragma unroll
