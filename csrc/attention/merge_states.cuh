@@ -1,5 +1,5 @@
-// merge_attn_states in one pass over HBM: each thread merges one 16-byte chunk (or one element
-// when the tensors' strides or alignment do not allow vectors) of an output row from its two
+// merge_attn_states in one pass over HBM: each thread merges 16-byte chunks (or elements when
+// the tensors' strides or alignment do not allow vectors) of an output row from its two
 // (out, lse) states. The arithmetic is the ATen composition's (csrc/fmha/merge.cpp), step for
 // step and without contraction, so both paths agree: lse = logaddexp(lse_a, lse_b); the weights
 // are exp(lse_x - lse), with lse taken as 0 where it is -inf (both sides empty: out 0).
@@ -65,37 +65,49 @@ __device__ __forceinline__ float logaddexp(float a, float b) {
 
 }  // namespace merge_detail
 
-template <typename Element, int kVec>
+// Each thread merges kPerThread chunks of one row, threads_per_row apart so that a warp's loads
+// stay contiguous: the row's lse and weights are computed once per kPerThread chunks, and the
+// loads of all of them are in flight together.
+template <typename Element, int kVec, int kPerThread>
 __global__ void __launch_bounds__(kMergeStatesThreads)
     merge_states_kernel(const MergeStatesParams p) {
   using namespace merge_detail;
   using ChunkT = Chunk<Element, kVec>;
-  const unsigned chunks_per_row = p.head_dim / kVec;
-  const unsigned total = unsigned(p.batch) * p.tokens * p.heads * chunks_per_row;  // < 2^31
+  const unsigned threads_per_row = p.head_dim / (kVec * kPerThread);
+  const unsigned total = unsigned(p.batch) * p.tokens * p.heads * threads_per_row;  // < 2^31
   const float neg_inf = __int_as_float(0xff800000);
   for (unsigned c = blockIdx.x * blockDim.x + threadIdx.x; c < total; c += gridDim.x * blockDim.x) {
-    const unsigned row = c / chunks_per_row, col = (c - row * chunks_per_row) * kVec;
+    const unsigned row = c / threads_per_row, first = c - row * threads_per_row;
     const unsigned h = row % p.heads, bt = row / p.heads;
     const unsigned t = bt % p.tokens, b = bt / p.tokens;
     const float la = p.lse_a[b * p.la_stride[0] + t * p.la_stride[1] + h * p.la_stride[2]];
     const float lb = p.lse_b[b * p.lb_stride[0] + t * p.lb_stride[1] + h * p.lb_stride[2]];
+    const Element* row_a = static_cast<const Element*>(p.out_a) + b * p.a_stride[0] +
+                           t * p.a_stride[1] + h * p.a_stride[2];
+    const Element* row_b = static_cast<const Element*>(p.out_b) + b * p.b_stride[0] +
+                           t * p.b_stride[1] + h * p.b_stride[2];
+    ChunkT xa[kPerThread], xb[kPerThread];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const unsigned col = (first + k * threads_per_row) * kVec;
+      xa[k] = *reinterpret_cast<const ChunkT*>(row_a + col);
+      xb[k] = *reinterpret_cast<const ChunkT*>(row_b + col);
+    }
     const float lse = logaddexp(la, lb);
     const float shift = lse == neg_inf ? 0.f : lse;
     const float wa = expf(__fsub_rn(la, shift)), wb = expf(__fsub_rn(lb, shift));
-    const ChunkT xa = *reinterpret_cast<const ChunkT*>(
-        static_cast<const Element*>(p.out_a) + b * p.a_stride[0] + t * p.a_stride[1] +
-        h * p.a_stride[2] + col);
-    const ChunkT xb = *reinterpret_cast<const ChunkT*>(
-        static_cast<const Element*>(p.out_b) + b * p.b_stride[0] + t * p.b_stride[1] +
-        h * p.b_stride[2] + col);
-    ChunkT y;
+    Element* row_out = static_cast<Element*>(p.out) + size_t(row) * p.head_dim;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      y.v[i] = store_float<Element>(
-          __fadd_rn(__fmul_rn(load_float(xa.v[i]), wa), __fmul_rn(load_float(xb.v[i]), wb)));
+    for (int k = 0; k < kPerThread; ++k) {
+      ChunkT y;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        y.v[i] = store_float<Element>(__fadd_rn(__fmul_rn(load_float(xa[k].v[i]), wa),
+                                                __fmul_rn(load_float(xb[k].v[i]), wb)));
+      }
+      *reinterpret_cast<ChunkT*>(row_out + (first + k * threads_per_row) * kVec) = y;
     }
-    *reinterpret_cast<ChunkT*>(static_cast<Element*>(p.out) + size_t(row) * p.head_dim + col) = y;
-    if (col == 0) p.lse[(size_t(b) * p.heads + h) * p.tokens + t] = lse;
+    if (first == 0) p.lse[(size_t(b) * p.heads + h) * p.tokens + t] = lse;
   }
 }
 

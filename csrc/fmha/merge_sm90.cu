@@ -36,19 +36,26 @@ bool rows_aligned(const at::Tensor& t, int64_t vec) {
   return t.size(3) % vec == 0;
 }
 
-template <typename Element>
-void launch(const MergeStatesParams& p, bool vectors, int64_t chunks, cudaStream_t stream,
-            int num_sms) {
-  constexpr int kVec = 16 / sizeof(Element);
-  const int64_t work = vectors ? chunks / kVec : chunks;
+template <typename Element, int kVec, int kPerThread>
+void launch_kernel(const MergeStatesParams& p, int64_t threads, cudaStream_t stream,
+                   int num_sms) {
   const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(
-      (work + kMergeStatesThreads - 1) / kMergeStatesThreads, 1, int64_t(num_sms) * 16));
-  if (vectors) {
-    merge_states_kernel<Element, kVec><<<blocks, kMergeStatesThreads, 0, stream>>>(p);
-  } else {
-    merge_states_kernel<Element, 1><<<blocks, kMergeStatesThreads, 0, stream>>>(p);
-  }
+      (threads + kMergeStatesThreads - 1) / kMergeStatesThreads, 1, int64_t(num_sms) * 16));
+  merge_states_kernel<Element, kVec, kPerThread><<<blocks, kMergeStatesThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// 16-byte chunks when both inputs allow them, four per thread when the row splits evenly.
+template <typename Element>
+void launch(const MergeStatesParams& p, bool vectors, int64_t elements, cudaStream_t stream,
+            int num_sms) {
+  constexpr int kVec = 16 / sizeof(Element), kPerThread = 4;
+  if (!vectors) return launch_kernel<Element, 1, 1>(p, elements, stream, num_sms);
+  if (p.head_dim % (kVec * kPerThread) == 0) {
+    return launch_kernel<Element, kVec, kPerThread>(p, elements / (kVec * kPerThread), stream,
+                                                    num_sms);
+  }
+  launch_kernel<Element, kVec, 1>(p, elements / kVec, stream, num_sms);
 }
 
 }  // namespace
