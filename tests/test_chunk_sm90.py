@@ -224,6 +224,7 @@ def _many_lengths(gen, n, longest=8192):
 def test_chunk_sm90_varlen_many_sequences(gen, op, n, monkeypatch):
     """A varlen call over many sequences (longest first on the device) is bitwise equal to one
     dense call per sequence, and agrees with the fp32 reference path."""
+    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "1")  # the dense calls unsplit, as varlen runs
     lens = _many_lengths(gen, n)
     q, k, v, g, beta, s0 = make_inputs(gen, 1, sum(lens), 1, 2, n, "mild")
     cu = cu_seqlens(lens, "cuda")
@@ -288,16 +289,28 @@ def _head_gates(gen, b, t, hv):
 SEGMENTS_VS_WHOLE = {"simple_gla": (2e-3, 1e-4), "gated_delta_rule": (5e-3, 5e-3)}
 
 
+def _segment_gates(gen, b, t, hv, kind):
+    """heads: _head_gates (no decay on half the heads, strong decay on the rest); weak: about
+    -0.6 per chunk on every head, so every segment's starting state matters; strong: every
+    head forgets its history within one chunk."""
+    if kind == "heads":
+        return _head_gates(gen, b, t, hv)
+    if kind == "weak":
+        return (-0.02 * torch.rand(b, t, hv, generator=gen)).cuda()
+    return (-5.0 * torch.rand(b, t, hv, generator=gen)).cuda()
+
+
 @needs_sm90
 @pytest.mark.parametrize("segments", [3, 7])
 @pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("gates", ["heads", "weak", "strong"])
 @pytest.mark.parametrize("op", OPS)
-def test_chunk_sm90_segments_match_oracle(gen, monkeypatch, op, segments, with_state):
+def test_chunk_sm90_segments_match_oracle(gen, monkeypatch, op, gates, segments, with_state):
     """A sequence cut into segments (forced) matches the oracle and the unsplit kernel, with
-    zero-gate heads, a ragged last segment and two sequences."""
+    weak, strong and mixed decay, a ragged last segment and two sequences."""
     b, t, h, hv = 2, 1000, 2, 4
     q, k, v, _, beta, s0 = make_inputs(gen, b, t, h, hv, b)
-    g = _head_gates(gen, b, t, hv)
+    g = _segment_gates(gen, b, t, hv, gates)
     kw = dict(initial_state=s0 if with_state else None, output_final_state=True)
     monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "1")
     o_whole, f_whole = run_op(op, q, k, v, g, beta, **kw)
@@ -312,6 +325,21 @@ def test_chunk_sm90_segments_match_oracle(gen, monkeypatch, op, segments, with_s
     assert rel_rms(final, f_whole) <= final_limit, f"final vs unsplit: {rel_rms(final, f_whole):.2e}"
     o2, f2 = run_op(op, q, k, v, g, beta, **kw)
     assert torch.equal(o, o2) and torch.equal(final, f2), "not deterministic"
+
+
+@needs_sm90
+def test_chunk_sm90_delta_segments_l2norm_in_kernel(gen, monkeypatch):
+    """The delta rule cut into segments with use_qk_l2norm_in_kernel (q and k of norm 2 and 3):
+    every pass normalizes them the same way."""
+    b, t, h, hv = 1, 1500, 2, 4
+    q, k, v, _, beta, s0 = make_inputs(gen, b, t, h, hv, b)
+    g = _head_gates(gen, b, t, hv)
+    kw = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "4")
+    o, final = run_op("gated_delta_rule", 2 * q, 3 * k, v, g, beta, **kw)
+    want_o, want_final = run_oracle("gated_delta_rule", 2 * q, 3 * k, v, g, beta, **kw)
+    assert_rel_rms(o, want_o, "o")
+    assert_rel_rms(final, want_final, "final_state")
 
 
 @needs_sm90
