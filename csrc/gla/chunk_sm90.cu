@@ -15,11 +15,11 @@ namespace {
 
 // One launch of the main kernel (after the delta rule's inverse kernel). o: the output's data,
 // or nullptr for a state-only pass; final_state may be undefined. t_u: the delta rule's
-// inverses when a segmented call already computed them (undefined: computed here). zero_v:
-// v taken as zeros, for the delta rule's state maps.
+// inverses when a segmented call already computed them (undefined: computed here).
+// state_map: from S = I with v taken as zeros (ChunkSm90Params).
 template <typename Element, bool kDelta>
 void launch(const ChunkCall& c, void* o, at::Tensor& final_state, at::Tensor t_u = {},
-            bool zero_v = false) {
+            bool state_map = false) {
   using Tr = ChunkSm90Traits<Element>;
   const char* op = kDelta ? "chunk_gated_delta_rule" : "chunk_simple_gla";
   auto kernel = chunk_sm90_kernel<Element, kDelta>;
@@ -56,7 +56,7 @@ void launch(const ChunkCall& c, void* o, at::Tensor& final_state, at::Tensor t_u
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
   p.scale = static_cast<float>(c.scale);
   p.qk_l2norm = c.qk_l2norm;
-  p.zero_v = zero_v;
+  p.state_map = state_map;
 
   const dim3 grid(static_cast<unsigned>(c.num_seqs * c.heads_v * 2));  // (sequence, v-head, half)
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -136,10 +136,8 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
   // maps; no TF32 whatever the flags).
   at::Tensor start;
   if constexpr (kDelta) {
-    ChunkCall maps_call = seg;
-    maps_call.initial_state = at::eye(kDim, f32).expand({b * n, hv, kDim, kDim}).contiguous();
     at::Tensor maps = at::empty({b * n, hv, kDim, kDim}, f32);
-    launch<Element, true>(maps_call, nullptr, maps, t_u, /*zero_v=*/true);
+    launch<Element, true>(seg, nullptr, maps, t_u, /*state_map=*/true);
     const at::Tensor m = maps.view({b, n, hv, kDim, kDim}).to(at::kDouble);
     const at::Tensor l = local.view({b, n, hv, kDim, kDim}).to(at::kDouble);
     std::vector<at::Tensor> starts;

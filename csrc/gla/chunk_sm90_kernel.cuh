@@ -7,7 +7,7 @@
 // v-columns and the chain's operands come from registers or from tiles as TMA wrote them.
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, warp 0  producer: TMA loads of the chunk's q, k (both halves of K), this
-//                        CTA's 64 columns of v (none with zero_v) and, for the delta rule,
+//                        CTA's 64 columns of v (none for a state map) and, for the delta rule,
 //                        the chunk's ungated inverse T_u (csrc/gla/chunk_sm90_inverse.cuh,
 //                        run before this kernel); cp.async of g and beta (zero past the chunk).
 //   warpgroup 1          prep, everything that does not depend on S, one chunk ahead:
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     }
     ptx::fence_barrier_init();
   }
-  if (p.zero_v) {  // v is never loaded: its tiles stay zero
+  if (p.state_map) {  // v is never loaded: its tiles stay zero
     for (int i = threadIdx.x; i < kStages * int(sizeof(s.stage[0].v) / 16);
          i += Tr::kThreads) {
       reinterpret_cast<uint4*>(&s.stage[i % kStages].v[0][0])[i / kStages] = make_uint4(0, 0, 0, 0);
@@ -173,14 +173,14 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       const int row = tma_row0 + c * kChunk;
       if (lane == 0) {
         ptx::mbarrier_arrive_expect_tx(
-            full, (kDelta ? Tr::kLoadBytesDelta : Tr::kLoadBytes) - (p.zero_v ? sizeof(S.v) : 0));
+            full, (kDelta ? Tr::kLoadBytesDelta : Tr::kLoadBytes) - (p.state_map ? sizeof(S.v) : 0));
         for (int cb = 0; cb < 2; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&S.q[cb][0][0]), &tmap_q, full, cb * 64, row, head_qk,
                            tma_batch);
           ptx::tma_load_4d(ptx::smem_addr(&S.k[cb][0][0]), &tmap_k, full, cb * 64, row, head_qk,
                            tma_batch);
         }
-        if (!p.zero_v) {
+        if (!p.state_map) {
           ptx::tma_load_4d(ptx::smem_addr(&S.v[0][0]), &tmap_v, full, v0, row, hv, tma_batch);
         }
         if constexpr (kDelta) {
@@ -332,8 +332,12 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc) {
         const int key = 8 * j + frag_col + cc, col = v0 + frag_row + 8 * i;
-        sacc[4 * j + 2 * i + cc] =
-            p.initial_state != nullptr ? p.initial_state[state_offset + key * 128 + col] : 0.f;
+        if (p.state_map) {
+          sacc[4 * j + 2 * i + cc] = key == col ? 1.f : 0.f;
+        } else {
+          sacc[4 * j + 2 * i + cc] =
+              p.initial_state != nullptr ? p.initial_state[state_offset + key * 128 + col] : 0.f;
+        }
       }
     }
   }
@@ -367,35 +371,28 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     float xacc[32], yacc[32];
     const uint32_t q_base = ptx::smem_addr(&S.q[0][0][0]);
     const uint32_t k_base = ptx::smem_addr(&S.k[0][0][0]);
-    ptx::wgmma_fence();
-    if constexpr (kDelta) {
+    // acc = S^T X^T over the 128 key dims, X a [K half][token][64] tile of the stage.
+    auto st_times = [&](float(&acc)[32], uint32_t x_base) {
 #pragma unroll
       for (int cb = 0; cb < 2; ++cb) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-          const uint32_t off = cb * kChunk * 128 + kk * 32;
           const uint64_t da =
               ptx::smem_desc_sw128(st_base + cb * Tr::kBlockV * 128 + kk * 32, 0, 1024);
-          ptx::WgmmaSS<64, Element>::run(xacc, da, ptx::smem_desc_sw128(k_base + off, 0, 1024),
-                                         (cb | kk) != 0);
+          const uint64_t db = ptx::smem_desc_sw128(x_base + cb * kChunk * 128 + kk * 32, 0, 1024);
+          ptx::WgmmaSS<64, Element>::run(acc, da, db, (cb | kk) != 0);
         }
       }
       ptx::wgmma_commit();
+    };
+    ptx::wgmma_fence();
+    if constexpr (kDelta) st_times(xacc, k_base);
+    // A state-only pass skips o's products (an empty group keeps the wait counts).
+    if (write_o) {
+      st_times(yacc, q_base);
+    } else {
+      ptx::wgmma_commit();
     }
-    if (write_o) {  // a state-only pass skips o's products (an empty group keeps the count)
-#pragma unroll
-      for (int cb = 0; cb < 2; ++cb) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const uint32_t off = cb * kChunk * 128 + kk * 32;
-          const uint64_t da =
-              ptx::smem_desc_sw128(st_base + cb * Tr::kBlockV * 128 + kk * 32, 0, 1024);
-          ptx::WgmmaSS<64, Element>::run(yacc, da, ptx::smem_desc_sw128(q_base + off, 0, 1024),
-                                         (cb | kk) != 0);
-        }
-      }
-    }
-    ptx::wgmma_commit();
 
     // V^T in the accumulator layout (v-column x token), from the swizzled v tile.
     const uint8_t* v_tile = reinterpret_cast<const uint8_t*>(&S.v[0][0]);

@@ -20,7 +20,7 @@ struct ChunkSm90Params {
   int heads_v, group;          // group = HV / H; v-head hv reads qk-head hv / group
   float scale;
   bool qk_l2norm;               // delta rule: l2-normalize q and k rows first
-  bool zero_v;                  // v taken as zeros (not loaded): with S_0 = I the pass computes
+  bool state_map;               // S_0 = I and v taken as zeros (not loaded): the final state is
                                 // the sequence's state map (the delta rule's segment split)
 };
 
