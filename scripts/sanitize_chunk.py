@@ -30,12 +30,18 @@ o2, f2 = dsv4_attn.chunk_simple_gla(q, k, v, g, initial_state=s0, output_final_s
 o3, f3 = dsv4_attn.chunk_gated_delta_rule(3 * q, k, v, g.bfloat16(), beta.bfloat16(),
                                           initial_state=s0, output_final_state=True,
                                           cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
-# Both ops cut into segments (state-only passes, combine, last pass), dense with B = 2.
+# Both ops cut into segments, dense with B = 2: from warm-ups (these gates fade within a
+# chunk), then through the exact combine (state-only passes, combine, last pass).
 os.environ["DSV4_CHUNK_SEGMENTS"] = "3"
 dense = [x.view(2, 165, *x.shape[2:])[:, :160].contiguous() for x in (q, k, v, g, beta)]
-o4, f4 = dsv4_attn.chunk_simple_gla(*dense[:4], initial_state=s0[:2], output_final_state=True)
-o5, f5 = dsv4_attn.chunk_gated_delta_rule(*dense, initial_state=s0[:2], output_final_state=True)
-del os.environ["DSV4_CHUNK_SEGMENTS"]
+segmented = []
+for warmup in ("1", "0"):
+    os.environ["DSV4_CHUNK_WARMUP"] = warmup
+    segmented += dsv4_attn.chunk_simple_gla(*dense[:4], initial_state=s0[:2],
+                                            output_final_state=True)
+    segmented += dsv4_attn.chunk_gated_delta_rule(*dense, initial_state=s0[:2],
+                                                  output_final_state=True)
+del os.environ["DSV4_CHUNK_SEGMENTS"], os.environ["DSV4_CHUNK_WARMUP"]
 torch.cuda.synchronize()
-assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3, o4, f4, o5, f5))
+assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3, *segmented))
 print("sanitize_chunk: sm90 path ran for both ops (and the fused l2norm), outputs finite")

@@ -284,8 +284,9 @@ def _head_gates(gen, b, t, hv):
 
 
 # How far a segmented call may move from the unsplit kernel (rel-RMS; o, final_state). Simple
-# GLA's combine is exact; the delta rule's segment maps come from a pass whose state is rounded
-# to 16 bits per chunk like the unsplit walk's, so the two differ by that rounding.
+# GLA's combine is exact and its warm-ups drop at most e^-10 of the history; the delta rule's
+# segment maps come from a pass whose state is rounded to 16 bits per chunk like the unsplit
+# walk's, so the two differ by that rounding.
 SEGMENTS_VS_WHOLE = {"simple_gla": (2e-3, 1e-4), "gated_delta_rule": (5e-3, 5e-3)}
 
 
@@ -325,6 +326,32 @@ def test_chunk_sm90_segments_match_oracle(gen, monkeypatch, op, gates, segments,
     assert rel_rms(final, f_whole) <= final_limit, f"final vs unsplit: {rel_rms(final, f_whole):.2e}"
     o2, f2 = run_op(op, q, k, v, g, beta, **kw)
     assert torch.equal(o, o2) and torch.equal(final, f2), "not deterministic"
+
+
+@needs_sm90
+@pytest.mark.parametrize("per_token, warm", [(0.0375, False), (0.041, True), (0.2, True)])
+@pytest.mark.parametrize("op", OPS)
+def test_chunk_sm90_segment_warmup_decision(gen, monkeypatch, op, per_token, warm):
+    """The segment plan starts a segment from a warm-up only where the history provably fades
+    to e^-10 within a segment's length (4 chunks here, so a constant gate of -10/256 per token
+    is the edge). Below the edge the call is bitwise the exact combine's; above it, it differs
+    from it (the warm-up ran; a much faster decay would underflow the dropped history to
+    exactly zero in fp32, and the two would agree bitwise). Both match the oracle."""
+    b, t, h, hv = 1, 1024, 2, 4
+    q, k, v, _, beta, s0 = make_inputs(gen, b, t, h, hv, b)
+    g = torch.full((b, t, hv), -per_token, device="cuda")
+    kw = dict(initial_state=s0, output_final_state=True)
+    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "4")
+    monkeypatch.setenv("DSV4_CHUNK_WARMUP", "0")
+    o_exact, f_exact = run_op(op, q, k, v, g, beta, **kw)
+    monkeypatch.delenv("DSV4_CHUNK_WARMUP")
+    poison_allocator(v.numel() * v.element_size() + 8 * hv * 128 * 128 * 4 + (1 << 20), "cuda")
+    o, final = run_op(op, q, k, v, g, beta, **kw)
+    same = torch.equal(o, o_exact) and torch.equal(final, f_exact)
+    assert same != warm, "a warm-up was taken" if same is False else "no warm-up was taken"
+    want_o, want_final = run_oracle(op, q, k, v, g, beta, **kw)
+    assert_rel_rms(o, want_o, "o")
+    assert_rel_rms(final, want_final, "final_state")
 
 
 @needs_sm90

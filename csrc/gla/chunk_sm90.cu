@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
-#include <vector>
 
 #include "gla/chunk_sm90.h"
 #include "gla/chunk_sm90_kernel.cuh"
@@ -17,9 +16,10 @@ namespace {
 // or nullptr for a state-only pass; final_state may be undefined. t_u: the delta rule's
 // inverses when a segmented call already computed them (undefined: computed here).
 // state_map: from S = I with v taken as zeros (ChunkSm90Params).
+// warmup: the segment plan (ChunkSm90Params::warmup), or nullptr.
 template <typename Element, bool kDelta>
 void launch(const ChunkCall& c, void* o, at::Tensor& final_state, at::Tensor t_u = {},
-            bool state_map = false) {
+            bool state_map = false, const int* warmup = nullptr) {
   using Tr = ChunkSm90Traits<Element>;
   const char* op = kDelta ? "chunk_gated_delta_rule" : "chunk_simple_gla";
   auto kernel = chunk_sm90_kernel<Element, kDelta>;
@@ -57,6 +57,7 @@ void launch(const ChunkCall& c, void* o, at::Tensor& final_state, at::Tensor t_u
   p.scale = static_cast<float>(c.scale);
   p.qk_l2norm = c.qk_l2norm;
   p.state_map = state_map;
+  p.warmup = warmup;
 
   const dim3 grid(static_cast<unsigned>(c.num_seqs * c.heads_v * 2));  // (sequence, v-head, half)
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -65,19 +66,24 @@ void launch(const ChunkCall& c, void* o, at::Tensor& final_state, at::Tensor t_u
 }
 
 // A long sequence is cut into segments walked in parallel when the unsplit grid leaves most
-// SMs idle. A state-only pass computes each segment's final state from zero (L_k), the
-// segments' starting states follow from a short combine, and a last pass walks every segment
-// from its true start and writes o.
-//   Simple GLA: the chunk map is S <- gamma S + B with a scalar gamma, so the combine is one
-//   product, exact for any gate: S_k = sum_{j<k} e^(E_k - E_(j+1)) L_j + e^(E_k) S_0, with E_k
-//   the gate sum before segment k. Two passes in all.
-//   Delta rule: the map is S <- A S + B with A = e^(G_last) I - K^T diag(w beta e^G) T K, a
-//   128 x 128 matrix per chunk. A second state-only pass from S = I with v = 0 gives each
-//   segment's map M_k, and S_(k+1) = M_k S_k + L_k runs over the segments in float64. No
-//   warm-up truncation, so it is exact also for g = 0. Three passes in all.
-// Dense calls only. DSV4_CHUNK_SEGMENTS=N forces N segments per sequence (1: off), for tests
-// and timing.
-constexpr int64_t kMaxDeltaSegments = 16;  // the combine is a serial loop of small products
+// SMs idle. Every segment's starting state comes one of two ways, chosen per head on the
+// device by the segment plan (csrc/gla/chunk_sm90_segments.cuh):
+//   Warm-up: when the history before a segment provably fades to e^-10 within at most a
+//   segment's length, the last pass starts that many chunks early from S = 0. The head's
+//   state-only passes exit at once. This is FlashQLA's lever, with an exact bound.
+//   Exact combine, for the other heads (no decay, g = 0 included):
+//     Simple GLA: the chunk map is S <- gamma S + B with a scalar gamma. A state-only pass from
+//     zero gives each segment's L_k, and S_(k+1) = e^(E_k) S_k + L_k, with E_k the segment's
+//     gate sum. Two passes in all.
+//     Delta rule: the map is S <- A S + B with A = e^(G_last) I - K^T diag(w beta e^G) T K, a
+//     128 x 128 matrix per chunk. A second state-only pass from S = I with v = 0 gives each
+//     segment's map M_k, and S_(k+1) = M_k S_k + L_k. Three passes in all.
+//   The combine runs in float64.
+// Then a last pass walks every segment and writes o. No host sync: the plan, the passes and
+// the combine are queued whatever the plan says.
+// Dense calls only. DSV4_CHUNK_SEGMENTS=N forces N segments per sequence (1: off), and
+// DSV4_CHUNK_WARMUP=0 sends every head through the exact combine, for tests and timing.
+constexpr int64_t kMaxDeltaSegments = 16;  // the combine walks the segments one after another
 
 int64_t chunk_segments(const ChunkCall& c) {
   constexpr int64_t kChunk = 64, kMinSegmentChunks = 16;
@@ -91,11 +97,12 @@ int64_t chunk_segments(const ChunkCall& c) {
   if (const char* forced = std::getenv("DSV4_CHUNK_SEGMENTS")) {
     return std::clamp<int64_t>(std::atoll(forced), 1, most);
   }
-  // Splitting costs 2 (GLA) or 3 (delta rule) unsplit walks of the sequence, spread over
-  // `segments` times the CTAs: worth it only when the unsplit grid fills a small part of the GPU.
+  // Taken when the unsplit grid fills at most half of the SMs. Warm-ups cost one walk of a
+  // segment plus its warm-up; the exact combine costs 2 (GLA) or 3 (delta rule) walks of a
+  // segment, so heads without decay lose only in the delta rule's two-segment case (1.5x).
   const int64_t ctas = c.num_seqs * c.heads_v * 2;
   const int64_t sms = device_info(c.q.get_device()).num_sms;
-  if (ctas * (delta ? 6 : 4) > sms) return 1;
+  if (ctas * 2 > sms) return 1;
   return std::max<int64_t>(1, std::min({sms / ctas, chunks / kMinSegmentChunks, most}));
 }
 
@@ -122,6 +129,11 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
   seg.num_seqs = b * n;
   seg.cu_seqlens = cu;
   seg.initial_state = std::nullopt;
+
+  at::Tensor warmup = at::empty({b * n, hv}, c.q.options().dtype(at::kInt));
+  at::Tensor gate_sum = kDelta ? at::Tensor() : at::empty({b * n, hv}, f32.dtype(at::kDouble));
+  chunk_sm90_segment_plan(c, n, seg_len, warmup, gate_sum);
+  const int* plan = warmup.data_ptr<int>();
   // The delta rule's inverses, once for all passes: segments start on chunk boundaries.
   at::Tensor t_u;
   if (kDelta) {
@@ -130,44 +142,18 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
     t_u = t_u.view({1, b * t, hv, kChunk});
   }
   at::Tensor local = at::empty({b * n, hv, kDim, kDim}, f32);
-  launch<Element, kDelta>(seg, nullptr, local, t_u);
-
-  // Starting states (B, n, HV, 128, 128), in float64 (gate sums over long segments, chains of
-  // maps; no TF32 whatever the flags).
-  at::Tensor start;
-  if constexpr (kDelta) {
-    at::Tensor maps = at::empty({b * n, hv, kDim, kDim}, f32);
-    launch<Element, true>(seg, nullptr, maps, t_u, /*state_map=*/true);
-    const at::Tensor m = maps.view({b, n, hv, kDim, kDim}).to(at::kDouble);
-    const at::Tensor l = local.view({b, n, hv, kDim, kDim}).to(at::kDouble);
-    std::vector<at::Tensor> starts;
-    starts.push_back(c.initial_state
-                         ? c.initial_state->reshape({b, hv, kDim, kDim}).to(at::kDouble)
-                         : at::zeros({b, hv, kDim, kDim}, f32.dtype(at::kDouble)));
-    for (int64_t k = 0; k + 1 < n; ++k) {
-      starts.push_back(at::matmul(m.select(1, k), starts.back()) + l.select(1, k));
-    }
-    start = at::stack(starts, 1);
-  } else {
-    const at::Tensor gsum = at::constant_pad_nd(c.g.to(at::kDouble), {0, 0, 0, n * seg_len - t})
-                                .view({b, n, seg_len, hv})
-                                .sum(2)
-                                .permute({0, 2, 1});  // (B, HV, n)
-    const at::Tensor before = gsum.cumsum(-1) - gsum;  // E_k
-    const at::Tensor weight =
-        (before.unsqueeze(-1) - (before + gsum).unsqueeze(-2)).exp().tril(-1);
-    start = at::matmul(weight,
-                       local.view({b, n, hv, kDim * kDim}).permute({0, 2, 1, 3}).to(at::kDouble));
-    if (c.initial_state) {
-      start += before.exp().unsqueeze(-1) *
-               c.initial_state->reshape({b, hv, 1, kDim * kDim}).to(at::kDouble);
-    }
-    start = start.permute({0, 2, 1, 3});  // (B, n, HV, 128 * 128)
+  launch<Element, kDelta>(seg, nullptr, local, t_u, false, plan);
+  at::Tensor maps;
+  if (kDelta) {
+    maps = at::empty({b * n, hv, kDim, kDim}, f32);
+    launch<Element, true>(seg, nullptr, maps, t_u, /*state_map=*/true, plan);
   }
-  seg.initial_state = start.to(at::kFloat).contiguous().view({b * n, hv, kDim, kDim});
+  at::Tensor start = at::empty({b * n, hv, kDim, kDim}, f32);
+  chunk_sm90_segment_combine(c, n, warmup, gate_sum, local, maps, start);
+  seg.initial_state = start;
 
   at::Tensor seg_final = at::empty({b * n, hv, kDim, kDim}, f32);
-  launch<Element, kDelta>(seg, o.data_ptr(), seg_final, t_u);
+  launch<Element, kDelta>(seg, o.data_ptr(), seg_final, t_u, false, plan);
   if (final_state.defined()) {
     final_state.copy_(seg_final.view({b, n, hv, kDim, kDim}).select(1, n - 1));
   }

@@ -13,4 +13,14 @@ namespace dsv4 {
 void chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan,
                         at::Tensor& t_u);
 
+// The segment split of a dense call (csrc/gla/chunk_sm90_segments.cuh), `segments` segments of
+// `segment_len` tokens per sequence. The plan fills warmup (B * segments, HV) int32 and, for
+// simple GLA, gate_sum (B * segments, HV) float64. The combine fills start (B * segments, HV,
+// 128, 128) fp32 from local (L_k) and, for the delta rule, maps (M_k), both of that shape.
+void chunk_sm90_segment_plan(const ChunkCall& c, int64_t segments, int64_t segment_len,
+                             at::Tensor& warmup, at::Tensor& gate_sum);
+void chunk_sm90_segment_combine(const ChunkCall& c, int64_t segments, const at::Tensor& warmup,
+                                const at::Tensor& gate_sum, const at::Tensor& local,
+                                const at::Tensor& maps, at::Tensor& start);
+
 }  // namespace dsv4

@@ -23,7 +23,8 @@
 //                          S^T = e^G_last S^T + (w V_new)^T K,  w = e^(G_last - G)  (wgmma RS)
 //                        then S^T goes to shared memory in 16 bits for the next chunk's
 //                        products, and O through a staging tile to HBM with coalesced stores.
-//                        A state-only pass (no o) skips Y, O and the prep's P.
+//                        A state-only pass (no o) skips Y, O and the prep's P, and so do
+//                        the warm-up chunks a segment may walk before its first token.
 // Gamma_ij = exp(G_i - G_j) is always computed pairwise, and only where it is selected.
 //
 // Barriers per stage s (two stages; parity flips once per pass over the ring):
@@ -131,6 +132,17 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     tma_batch = n;
     row_base = static_cast<int64_t>(n) * p.seqlen;
   }
+  // Segment split: a state-only pass skips heads that start from warm-ups; the last pass walks
+  // `warm` chunks before the sequence from S = 0 and writes o only from the sequence's start.
+  int warm = 0;
+  if (p.warmup != nullptr) {
+    const int plan = p.warmup[static_cast<int64_t>(n) * p.heads_v + hv];
+    if (p.o == nullptr && plan >= 0) return;  // whole CTA, before any barrier
+    warm = max(plan, 0);
+    len += warm * kChunk;
+    tma_row0 -= warm * kChunk;
+    row_base -= warm * kChunk;
+  }
   const int num_chunks = (len + kChunk - 1) / kChunk;
   const int head_qk = hv / p.group;
   const int v0 = half * Tr::kBlockV;
@@ -210,8 +222,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     // ------------------------------------------------------------------ prep
     ptx::setmaxnreg_inc<Tr::kPrepRegs>();
     constexpr uint32_t kPrepBar = 1;
-    const bool write_p = p.o != nullptr;  // P feeds only o's products
     for (int c = 0; c < num_chunks; ++c) {
+      const bool write_p = p.o != nullptr && c >= warm;  // P feeds only o's products
       const int st = c % kStages;
       const uint32_t phase = (c / kStages) & 1;
       auto& S = s.stage[st];
@@ -335,8 +347,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         if (p.state_map) {
           sacc[4 * j + 2 * i + cc] = key == col ? 1.f : 0.f;
         } else {
-          sacc[4 * j + 2 * i + cc] =
-              p.initial_state != nullptr ? p.initial_state[state_offset + key * 128 + col] : 0.f;
+          sacc[4 * j + 2 * i + cc] = p.initial_state != nullptr && warm == 0
+                                         ? p.initial_state[state_offset + key * 128 + col]
+                                         : 0.f;
         }
       }
     }
@@ -358,8 +371,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   ptx::named_barrier_sync(kChainBar, 128);
 
   Element* out = static_cast<Element*>(p.o);
-  const bool write_o = out != nullptr;  // no o: a state-only pass (intra-sequence split)
   for (int c = 0; c < num_chunks; ++c) {
+    // No o: a state-only pass or a warm-up chunk (intra-sequence split).
+    const bool write_o = out != nullptr && c >= warm;
     const int st = c % kStages;
     const uint32_t phase = (c / kStages) & 1;
     auto& S = s.stage[st];

@@ -22,6 +22,37 @@ struct ChunkSm90Params {
   bool qk_l2norm;               // delta rule: l2-normalize q and k rows first
   bool state_map;               // S_0 = I and v taken as zeros (not loaded): the final state is
                                 // the sequence's state map (the delta rule's segment split)
+  const int* warmup;            // segment split: [N][HV] from the segment plan, or nullptr.
+                                // -1: the head takes the exact combine. w >= 0: a state-only
+                                // pass skips the CTA; the last pass walks w chunks before the
+                                // sequence from S = 0 and writes o from its first token.
+};
+
+// The segment plan kernel (csrc/gla/chunk_sm90_segments.cuh): one CTA per (sequence, v-head)
+// of a dense call cut into `segments` segments of `segment_len` tokens (a multiple of 64).
+struct ChunkSegmentPlanParams {
+  const void* k;                // delta rule: (B, T, H, 128), last dim dense; GLA: nullptr
+  int64_t k_stride_b, k_stride_t, k_stride_h;  // in elements
+  const float* g;               // (B, T, HV), contiguous
+  const float* beta;            // (B, T, HV), contiguous; delta rule only
+  int* warmup;                  // out: [B * segments][HV], as ChunkSm90Params::warmup
+  double* gate_sum;             // out (GLA): [B * segments][HV] sum of g over the segment
+  int seqlen, heads_v, group, segments, segment_len;
+  int max_warmup_chunks;        // 0: every head takes the exact combine
+  bool qk_l2norm;
+};
+
+// The segment combine kernel: the starting state of every segment of the heads the plan marks
+// -1, S_(k+1) = A_k S_k + L_k, A_k = M_k (delta rule) or e^(gate_sum_k) (GLA). One CTA per
+// (sequence, v-head, 8 state columns).
+struct ChunkSegmentCombineParams {
+  const int* warmup;            // [B * segments][HV]
+  const double* gate_sum;       // GLA: [B * segments][HV]
+  const float* local;           // L_k: [B * segments][HV][128][128]
+  const float* maps;            // delta rule: M_k, the same shape
+  const float* initial_state;   // [B][HV][128][128], or nullptr (zeros)
+  float* start;                 // out: [B * segments][HV][128][128]; segment 0 for every head
+  int heads_v, segments;
 };
 
 // The delta rule's inverse kernel (csrc/gla/chunk_sm90_inverse.cuh): one CTA per (chunk, v-head).
