@@ -36,7 +36,8 @@ struct ChunkSegmentPlanParams {
   const float* g;               // (B, T, HV), contiguous
   const float* beta;            // (B, T, HV), contiguous; delta rule only
   int* warmup;                  // out: [B * segments][HV], as ChunkSm90Params::warmup
-  double* gate_sum;             // out (GLA): [B * segments][HV] sum of g over the segment
+  double* gate_sum;             // out (GLA): [B * segments][HV] sum of g over the segment,
+                                // for the heads that take the exact combine
   int seqlen, heads_v, group, segments, segment_len;
   int max_warmup_chunks;        // 0: every head takes the exact combine
   bool qk_l2norm;

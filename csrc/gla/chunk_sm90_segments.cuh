@@ -74,16 +74,6 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
   for (int seg = warp; seg < p.segments; seg += Tr::kPlanThreads / 32) {
     const int first = seg * p.segment_len;
     const int64_t out = (static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv;
-    if constexpr (!kDelta) {
-      const int end = min(first + p.segment_len, p.seqlen);
-      double sum = 0.0;
-      for (int t = first + lane; t < end; t += 32) {
-        sum += p.g[(static_cast<int64_t>(b) * p.seqlen + t) * p.heads_v + hv];
-      }
-#pragma unroll
-      for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffff, sum, d);
-      if (lane == 0) p.gate_sum[out] = sum;
-    }
     int warm = 0;  // segment 0 starts from the call's initial state
     if (seg > 0) {
       warm = -1;
@@ -101,9 +91,31 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
     if (lane == 0) p.warmup[out] = warm;
   }
   __syncthreads();
-  if (exact) {
-    for (int seg = threadIdx.x; seg < p.segments; seg += Tr::kPlanThreads) {
-      p.warmup[(static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv] = -1;
+  if (!exact) return;  // uniform: read after the barrier
+  for (int seg = threadIdx.x; seg < p.segments; seg += Tr::kPlanThreads) {
+    p.warmup[(static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv] = -1;
+  }
+  if constexpr (!kDelta) {
+    // Simple GLA's exact combine needs each segment's gate sum: the whole CTA per segment,
+    // only for the heads that take it.
+    __shared__ double partial[Tr::kPlanThreads / 32];
+    for (int seg = 0; seg < p.segments; ++seg) {
+      const int first = seg * p.segment_len, end = min(first + p.segment_len, p.seqlen);
+      double sum = 0.0;
+#pragma unroll 8
+      for (int t = first + threadIdx.x; t < end; t += Tr::kPlanThreads) {
+        sum += p.g[(static_cast<int64_t>(b) * p.seqlen + t) * p.heads_v + hv];
+      }
+#pragma unroll
+      for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffff, sum, d);
+      if (lane == 0) partial[warp] = sum;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int w = 0; w < Tr::kPlanThreads / 32; ++w) total += partial[w];
+        p.gate_sum[(static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv] = total;
+      }
+      __syncthreads();  // partial is reused by the next segment
     }
   }
 }
