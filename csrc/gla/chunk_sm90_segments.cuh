@@ -33,7 +33,8 @@ struct ChunkSegmentTraits {
   static constexpr size_t kCombineSmemBytes = sizeof(float) * kDim * kMapLd;
 };
 
-__device__ __forceinline__ float warp_sum(float x) {
+template <typename T>
+__device__ __forceinline__ T warp_sum(T x) {
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) x += __shfl_xor_sync(0xffffffff, x, d);
   return __shfl_sync(0xffffffff, x, 0);  // one value for the whole warp, whatever the order
@@ -106,8 +107,7 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
       for (int t = first + threadIdx.x; t < end; t += Tr::kPlanThreads) {
         sum += p.g[(static_cast<int64_t>(b) * p.seqlen + t) * p.heads_v + hv];
       }
-#pragma unroll
-      for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffff, sum, d);
+      sum = warp_sum(sum);
       if (lane == 0) partial[warp] = sum;
       __syncthreads();
       if (threadIdx.x == 0) {
