@@ -10,24 +10,24 @@
 //                        CTA's 64 columns of v (none for a state map) and, for the delta rule,
 //                        the chunk's ungated inverse T_u (csrc/gla/chunk_sm90_inverse.cuh,
 //                        run before this kernel); cp.async of g and beta (zero past the chunk).
-//   warpgroup 1          prep, everything that does not depend on S, one chunk ahead:
+//   warpgroup 1          prep, everything that does not depend on S, up to two chunks ahead:
 //                        G = cumsum(g) (log2 units), P = (Q K^T) . Gamma . [i >= j]  and, for the
 //                        delta rule, T = (I + strict_lower(beta_i Gamma_ij k_i.k_j))^-1
 //                        = Gamma . T_u, in place over T_u. With use_qk_l2norm_in_kernel it first
 //                        normalizes the stage's q and k rows in place, before anyone else reads
 //                        them (the chain waits for prep_full).
 //   warpgroup 2          chain, everything that depends on S (the serial part):
-//                          X^T = S^T K^T and Y^T = S^T Q^T                (wgmma SS)
+//                          X^T = S^T K^T and Y^T = S^T Q^T                (wgmma RS)
 //                          V_new^T = (beta (V - e^G X))^T T^T           (wgmma RS; GLA: V)
 //                          O^T = e^G Y^T + V_new^T P^T                  (wgmma RS)
 //                          S^T = e^G_last S^T + (w V_new)^T K,  w = e^(G_last - G)  (wgmma RS)
-//                        then S^T goes to shared memory in 16 bits for the next chunk's
-//                        products, and O through a staging tile to HBM with coalesced stores.
+//                        then S^T is packed to 16 bits in registers as the next chunk's A
+//                        operand, and O goes through a staging tile to HBM with coalesced stores.
 //                        A state-only pass (no o) skips Y, O and the prep's P, and so do
 //                        the warm-up chunks a segment may walk before its first token.
 // Gamma_ij = exp(G_i - G_j) is always computed pairwise, and only where it is selected.
 //
-// Barriers per stage s (two stages; parity flips once per pass over the ring):
+// Barriers per stage s (three stages; parity flips once per pass over the ring):
 //   full[s]       producer arrive.expect_tx + TMA, and 32 cp.async arrivals  -> prep, chain
 //   prep_full[s]  every prep thread after its writes of stage s              -> chain
 //   empty[s]      every prep and chain thread after its last read of stage s -> producer
@@ -58,7 +58,7 @@ struct ChunkSm90Traits {
   static constexpr int kChunk = 64;   // tokens per chunk
   static constexpr int kDim = 128;    // K = V
   static constexpr int kBlockV = 64;  // v-columns per CTA
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;  // two left the chain waiting for loads and prep (7-9%)
   static constexpr int kThreads = 384;
   static constexpr int kStageLd = 72;  // output staging row stride (elements)
   // setmaxnreg budget: 128 * (producer + prep + chain) <= 64K registers. Every warpgroup starts
@@ -85,7 +85,6 @@ struct ChunkSm90Traits {
   };
   struct alignas(1024) SharedStorage {
     Stage stage[kStages];
-    Element st[2][kBlockV][64];  // S^T in 16 bits: [K half][v-column][64]
     Element o_stage[2][kChunk][kStageLd];
     uint64_t full[kStages], prep_full[kStages], empty[kStages];
   };
@@ -354,21 +353,19 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       }
     }
   }
-  const uint32_t st_base = ptx::smem_addr(&s.st[0][0][0]);
-  auto store_state = [&] {
+  // S^T in 16 bits as the A operand of the next chunk's products: an accumulator's 8-column
+  // groups 2t and 2t + 1 are exactly k-step t's A fragment, so S never goes through shared memory.
+  uint32_t sfrag[8][4];
+  auto pack_state = [&] {
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int row = frag_row + 8 * i, key = 8 * j + frag_col;
-        store_at(&s.st[key / 64][0][0], sw128_offset(row, key % 64),
-                 ptx::pack2<Element>(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]));
+        sfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]);
       }
     }
   };
-  store_state();
-  ptx::fence_proxy_async_smem();
-  ptx::named_barrier_sync(kChainBar, 128);
+  pack_state();
 
   Element* out = static_cast<Element*>(p.o);
   for (int c = 0; c < num_chunks; ++c) {
@@ -391,10 +388,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       for (int cb = 0; cb < 2; ++cb) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-          const uint64_t da =
-              ptx::smem_desc_sw128(st_base + cb * Tr::kBlockV * 128 + kk * 32, 0, 1024);
           const uint64_t db = ptx::smem_desc_sw128(x_base + cb * kChunk * 128 + kk * 32, 0, 1024);
-          ptx::WgmmaSS<64, Element>::run(acc, da, db, (cb | kk) != 0);
+          ptx::WgmmaRS<64, Element, 0>::run(acc, sfrag[4 * cb + kk], db, (cb | kk) != 0);
         }
       }
       ptx::wgmma_commit();
@@ -509,7 +504,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     for (int i = 0; i < 64; ++i) ptx::fence_operand(sacc[i]);
     ptx::mbarrier_arrive(ptx::smem_addr(&s.empty[st]));  // last read of this stage
 
-    store_state();
+    pack_state();
     Element* stage_o = &s.o_stage[c % 2][0][0];
 #pragma unroll
     for (int j = 0; j < 8 && write_o; ++j) {
@@ -522,8 +517,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         }
       }
     }
-    ptx::fence_proxy_async_smem();  // S^T is read by the next chunk's wgmmas
-    ptx::named_barrier_sync(kChainBar, 128);
+    ptx::named_barrier_sync(kChainBar, 128);  // o_stage written
     // O rows of this chunk: 64 tokens x 128 bytes, 16 bytes per thread per step.
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
