@@ -58,7 +58,7 @@ struct ChunkSm90Traits {
   static constexpr int kChunk = 64;   // tokens per chunk
   static constexpr int kDim = 128;    // K = V
   static constexpr int kBlockV = 64;  // v-columns per CTA
-  static constexpr int kStages = 3;  // two left the chain waiting for loads and prep (7-9%)
+  static constexpr int kStages = 3;  // two left the chain waiting for loads and prep (6-9%)
   static constexpr int kThreads = 384;
   static constexpr int kStageLd = 72;  // output staging row stride (elements)
   // setmaxnreg budget: 128 * (producer + prep + chain) <= 64K registers. Every warpgroup starts
@@ -361,7 +361,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     for (int j = 0; j < 16; ++j) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        sfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]);
+        sfrag[j / 2][2 * (j % 2) + i] =
+            ptx::pack2<Element>(sacc[4 * j + 2 * i], sacc[4 * j + 2 * i + 1]);
       }
     }
   };
