@@ -71,7 +71,7 @@ fi
 echo
 echo "================ summary ================"
 echo "$DEVICE"
-echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads'), serialized wgmma (C7520): $(grep -c C7520 "$OUT/build.log")"
+echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads'), serialized wgmma (C7510/C7515/C7520): $(grep -cE 'C75(10|15|20)' "$OUT/build.log")"
 [ "$TESTS" = tests ] || echo "tests: only $TESTS (not the whole suite)"
 grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -n 20
