@@ -12,13 +12,13 @@
 namespace dsv4 {
 namespace {
 
-// One launch of the main kernel (after the delta rule's inverse kernel). o: the output's data,
-// or nullptr for a state-only pass; final_state may be undefined. t_u: the delta rule's
+// One launch of the main kernel (after the delta rule's inverse kernel). o: the output, c.v's
+// shape, or undefined for a state-only pass; final_state may be undefined. t_u: the delta rule's
 // inverses when a segmented call already computed them (undefined: computed here).
 // state_map: from S = I with v taken as zeros (ChunkSm90Params).
 // warmup: the segment plan (ChunkSm90Params::warmup), or nullptr.
 template <typename Element, bool kDelta>
-void launch(const ChunkCall& c, void* o, at::Tensor& final_state, at::Tensor t_u = {},
+void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at::Tensor t_u = {},
             bool state_map = false, const int* warmup = nullptr) {
   using Tr = ChunkSm90Traits<Element>;
   const char* op = kDelta ? "chunk_gated_delta_rule" : "chunk_simple_gla";
@@ -38,13 +38,14 @@ void launch(const ChunkCall& c, void* o, at::Tensor& final_state, at::Tensor t_u
     chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr, t_u);
   }
   const CUtensorMap tt = kDelta ? make_tensor_map_bshd(op, t_u, "T_u", Tr::kChunk) : tv;
+  const CUtensorMap to = o.defined() ? make_tensor_map_bshd(op, o, "o", Tr::kChunk) : tv;
   // Small per-token and per-sequence inputs are read with plain loads: make them dense.
   const at::Tensor g = c.g.contiguous();
   const at::Tensor beta = kDelta ? c.beta->contiguous() : at::Tensor();
   const at::Tensor s0 = c.initial_state ? c.initial_state->contiguous() : at::Tensor();
 
   ChunkSm90Params p;
-  p.o = o;
+  p.o = o.defined() ? o.data_ptr() : nullptr;
   p.g = g.data_ptr<float>();
   p.beta = kDelta ? beta.data_ptr<float>() : nullptr;
   p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
@@ -61,7 +62,7 @@ void launch(const ChunkCall& c, void* o, at::Tensor& final_state, at::Tensor t_u
 
   const dim3 grid(static_cast<unsigned>(c.num_seqs * c.heads_v * 2));  // (sequence, v-head, half)
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tq, tk, tv, tt, p);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tq, tk, tv, tt, to, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -143,18 +144,18 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
     t_u = t_u.view({1, b * t, hv, kChunk});
   }
   at::Tensor local = at::empty({b * n, hv, kDim, kDim}, f32);
-  launch<Element, kDelta>(seg, nullptr, local, t_u, false, plan);
+  launch<Element, kDelta>(seg, at::Tensor(), local, t_u, false, plan);
   at::Tensor maps;
   if (kDelta) {
     maps = at::empty({b * n, hv, kDim, kDim}, f32);
-    launch<Element, true>(seg, nullptr, maps, t_u, /*state_map=*/true, plan);
+    launch<Element, true>(seg, at::Tensor(), maps, t_u, /*state_map=*/true, plan);
   }
   at::Tensor start = at::empty({b * n, hv, kDim, kDim}, f32);
   chunk_sm90_segment_combine(c, n, warmup, gate_sum, local, maps, start);
   seg.initial_state = start;
 
   at::Tensor seg_final = at::empty({b * n, hv, kDim, kDim}, f32);
-  launch<Element, kDelta>(seg, o.data_ptr(), seg_final, t_u, false, plan);
+  launch<Element, kDelta>(seg, o.view({1, b * t, hv, c.dim_v}), seg_final, t_u, false, plan);
   if (final_state.defined()) {
     final_state.copy_(seg_final.view({b, n, hv, kDim, kDim}).select(1, n - 1));
   }
@@ -187,11 +188,11 @@ void chunk_sm90(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
                 : launch_segmented<__half, false>(c, segments, o, final_state);
   }
   if (delta) {
-    return bf16 ? launch<__nv_bfloat16, true>(c, o.data_ptr(), final_state)
-                : launch<__half, true>(c, o.data_ptr(), final_state);
+    return bf16 ? launch<__nv_bfloat16, true>(c, o, final_state)
+                : launch<__half, true>(c, o, final_state);
   }
-  return bf16 ? launch<__nv_bfloat16, false>(c, o.data_ptr(), final_state)
-              : launch<__half, false>(c, o.data_ptr(), final_state);
+  return bf16 ? launch<__nv_bfloat16, false>(c, o, final_state)
+              : launch<__half, false>(c, o, final_state);
 }
 
 }  // namespace dsv4

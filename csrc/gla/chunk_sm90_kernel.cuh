@@ -22,7 +22,8 @@
 //                          O^T = e^G Y^T + V_new^T P^T                  (wgmma RS)
 //                          S^T = e^G_last S^T + (w V_new)^T K,  w = e^(G_last - G)  (wgmma RS)
 //                        then S^T is packed to 16 bits in registers as the next chunk's A
-//                        operand, and O goes through a staging tile to HBM with coalesced stores.
+//                        operand, and O goes through a staging tile to HBM: one TMA store by
+//                        thread 0 for a whole chunk, coalesced stores for a partial one.
 //                        A state-only pass (no o) skips Y, O and the prep's P, and so do
 //                        the warm-up chunks a segment may walk before its first token.
 // Gamma_ij = exp(G_i - G_j) is always computed pairwise, and only where it is selected.
@@ -60,7 +61,6 @@ struct ChunkSm90Traits {
   static constexpr int kBlockV = 64;  // v-columns per CTA
   static constexpr int kStages = 3;  // two left the chain waiting for loads and prep (6-9%)
   static constexpr int kThreads = 384;
-  static constexpr int kStageLd = 72;  // output staging row stride (elements)
   // setmaxnreg budget: 128 * (producer + prep + chain) <= 64K registers. Every warpgroup starts
   // at the __launch_bounds__ cap of 168; the producer gives back what prep and chain take.
   static constexpr uint32_t kLaunchRegs = 168;
@@ -85,7 +85,7 @@ struct ChunkSm90Traits {
   };
   struct alignas(1024) SharedStorage {
     Stage stage[kStages];
-    Element o_stage[2][kChunk][kStageLd];
+    Element o_stage[2][kChunk][64];  // [chunk parity][token][v-column]: o's TMA box, swizzled
     uint64_t full[kStages], prep_full[kStages], empty[kStages];
   };
   static constexpr uint32_t kLoadBytes = sizeof(Stage::q) + sizeof(Stage::k) + sizeof(Stage::v);
@@ -99,7 +99,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     chunk_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
                       const __grid_constant__ CUtensorMap tmap_k,
                       const __grid_constant__ CUtensorMap tmap_v,
-                      const __grid_constant__ CUtensorMap tmap_t, const ChunkSm90Params p) {
+                      const __grid_constant__ CUtensorMap tmap_t,
+                      const __grid_constant__ CUtensorMap tmap_o, const ChunkSm90Params p) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk, kStages = Tr::kStages;
   constexpr float kLog2e = 1.4426950408889634f;
@@ -507,29 +508,46 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 
     pack_state();
     Element* stage_o = &s.o_stage[c % 2][0][0];
+    if (write_o) {
 #pragma unroll
-    for (int j = 0; j < 8 && write_o; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < 2; ++i) {
 #pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const int token = 8 * j + frag_col + cc, col = frag_row + 8 * i;
-          stage_o[token * Tr::kStageLd + col] = ptx::from_float<Element>(yacc[4 * j + 2 * i + cc] * p.scale);
+          for (int cc = 0; cc < 2; ++cc) {
+            const int token = 8 * j + frag_col + cc, col = frag_row + 8 * i;
+            store_at(stage_o, sw128_offset(token, col),
+                     ptx::from_float<Element>(yacc[4 * j + 2 * i + cc] * p.scale));
+          }
+        }
+      }
+      ptx::fence_proxy_async_smem();  // read by the TMA store
+    }
+    // Chunk c - 1's TMA store has read its tile, which chunk c + 1 writes after this barrier.
+    if (tid == 0) ptx::bulk_wait_group_read<0>();
+    ptx::named_barrier_sync(kChainBar, 128);  // o_stage written
+    if (write_o && valid_rows == kChunk) {
+      // Off the chain: the TMA unit drains the tile while the next chunk's products run.
+      if (tid == 0) {
+        ptx::tma_store_4d(&tmap_o, ptx::smem_addr(stage_o), v0, tma_row0 + c * kChunk, hv,
+                          tma_batch);
+        ptx::bulk_commit_group();
+      }
+    } else if (write_o) {
+      // A partial chunk: only its own rows (a box would also write the next sequence's).
+      // 64 tokens x 128 bytes, 16 bytes per thread per step.
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int idx = tid + 128 * u, token = idx / 8, part = idx % 8;
+        if (token < valid_rows) {
+          const uint4 val = load_at<uint4>(stage_o, token * 128 + (((part ^ token) & 7) << 4));
+          const int64_t row = row_base + c * kChunk + token;
+          *reinterpret_cast<uint4*>(out + (row * p.heads_v + hv) * 128 + v0 + part * 8) = val;
         }
       }
     }
-    ptx::named_barrier_sync(kChainBar, 128);  // o_stage written
-    // O rows of this chunk: 64 tokens x 128 bytes, 16 bytes per thread per step.
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int idx = tid + 128 * u, token = idx / 8, part = idx % 8;
-      if (write_o && token < valid_rows) {
-        const uint4 val = *reinterpret_cast<const uint4*>(stage_o + token * Tr::kStageLd + part * 8);
-        const int64_t row = row_base + c * kChunk + token;
-        *reinterpret_cast<uint4*>(out + (row * p.heads_v + hv) * 128 + v0 + part * 8) = val;
-      }
-    }
   }
+  if (tid == 0) ptx::bulk_wait_group<0>();  // the last stores complete before the CTA exits
 
   if (p.final_state != nullptr) {
 #pragma unroll
