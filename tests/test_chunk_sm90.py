@@ -355,6 +355,29 @@ def test_chunk_sm90_segment_warmup_decision(gen, monkeypatch, op, per_token, war
 
 
 @needs_sm90
+@pytest.mark.parametrize("op", OPS)
+def test_chunk_sm90_segments_strided_views(gen, monkeypatch, op):
+    """Segments of transposed (B, H, T, D) views, two sequences: every pass reads q, k and v
+    through their strides (nothing is merged or copied), with and without a final state."""
+    b, t, h, hv = 2, 700, 2, 4
+    q, k, v, g, beta, s0 = make_inputs(gen, b, t, h, hv, b)
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
+    assert not views[0].is_contiguous()
+    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "3")
+    assert dsv4_attn.chunk_gla_path(*views) == "sm90"
+    for output_final_state in (True, False):
+        kw = dict(initial_state=s0, output_final_state=output_final_state)
+        poison_allocator(v.numel() * v.element_size() + 6 * hv * 128 * 128 * 4 + (1 << 20), "cuda")
+        o, final = run_op(op, *views, g, beta, **kw)
+        want_o, want_final = run_oracle(op, q, k, v, g, beta, **kw)
+        assert_rel_rms(o, want_o, "o")
+        if output_final_state:
+            assert_rel_rms(final, want_final, "final_state")
+        else:
+            assert final is None
+
+
+@needs_sm90
 def test_chunk_sm90_delta_segments_l2norm_in_kernel(gen, monkeypatch):
     """The delta rule cut into segments with use_qk_l2norm_in_kernel (q and k of norm 2 and 3):
     every pass normalizes them the same way."""

@@ -12,14 +12,21 @@
 namespace dsv4 {
 namespace {
 
+// How one launch walks each sequence: whole, or cut into segments (launch_segmented).
+struct Walk {
+  int64_t segments = 1;         // per sequence
+  int64_t segment_len = 0;      // tokens, a multiple of 64; 0: the whole sequence
+  const int* warmup = nullptr;  // the segment plan (ChunkSm90Params::warmup)
+  bool state_map = false;       // from S = I with v taken as zeros (ChunkSm90Params)
+  bool final_per_sequence = false;  // ChunkSm90Params::final_per_sequence
+};
+
 // One launch of the main kernel (after the delta rule's inverse kernel). o: the output, c.v's
 // shape, or undefined for a state-only pass; final_state may be undefined. t_u: the delta rule's
 // inverses when a segmented call already computed them (undefined: computed here).
-// state_map: from S = I with v taken as zeros (ChunkSm90Params).
-// warmup: the segment plan (ChunkSm90Params::warmup), or nullptr.
 template <typename Element, bool kDelta>
 void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at::Tensor t_u = {},
-            bool state_map = false, const int* warmup = nullptr) {
+            const Walk& walk = {}) {
   using Tr = ChunkSm90Traits<Element>;
   const char* op = kDelta ? "chunk_gated_delta_rule" : "chunk_simple_gla";
   auto kernel = chunk_sm90_kernel<Element, kDelta>;
@@ -53,14 +60,18 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   p.sequences = plan.sequences;
   p.order = plan.order;
   p.seqlen = static_cast<int>(c.seqlen);
+  p.segments = static_cast<int>(walk.segments);
+  p.segment_len = static_cast<int>(walk.segment_len > 0 ? walk.segment_len : c.seqlen);
+  p.final_per_sequence = walk.final_per_sequence;
   p.heads_v = static_cast<int>(c.heads_v);
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
   p.scale = static_cast<float>(c.scale);
   p.qk_l2norm = c.qk_l2norm;
-  p.state_map = state_map;
-  p.warmup = warmup;
+  p.state_map = walk.state_map;
+  p.warmup = walk.warmup;
 
-  const dim3 grid(static_cast<unsigned>(c.num_seqs * c.heads_v * 2));  // (sequence, v-head, half)
+  // (sequence, segment, v-head, half of V)
+  const dim3 grid(static_cast<unsigned>(c.num_seqs * walk.segments * c.heads_v * 2));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tq, tk, tv, tt, to, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -90,9 +101,6 @@ int64_t chunk_segments(const ChunkCall& c) {
   constexpr int64_t kChunk = 64, kMinSegmentChunks = 16;
   const bool delta = c.rule == ChunkRule::kGatedDelta;
   if (c.cu_seqlens) return 1;
-  for (const at::Tensor* t : {&c.q, &c.k, &c.v}) {  // (B, T) must merge into one token dim
-    if (c.batch > 1 && t->stride(0) != c.seqlen * t->stride(1)) return 1;
-  }
   const int64_t chunks = (c.seqlen + kChunk - 1) / kChunk;
   const int64_t most = delta ? std::min(chunks, kMaxDeltaSegments) : chunks;
   if (const char* forced = std::getenv("DSV4_CHUNK_SEGMENTS")) {
@@ -116,49 +124,37 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
   const int64_t seg_len = ((t + kChunk - 1) / kChunk + segments - 1) / segments * kChunk;
   const int64_t n = (t + seg_len - 1) / seg_len;  // segments per sequence
   const at::TensorOptions f32 = c.q.options().dtype(at::kFloat);
-  // The segments as varlen sequences over the (1, B * T) token rows, built on the device.
-  const at::Tensor idx = at::arange(b * n + 1, c.q.options().dtype(at::kLong));
-  const at::Tensor cu =
-      (idx.div(n, "floor") * t + at::clamp_max(idx.remainder(n) * seg_len, t)).to(at::kInt);
-  ChunkCall seg = c;
-  seg.q = c.q.view({1, b * t, c.heads_qk, c.dim_k});
-  seg.k = c.k.view({1, b * t, c.heads_qk, c.dim_k});
-  seg.v = c.v.view({1, b * t, hv, c.dim_v});
-  seg.g = c.g.reshape({1, b * t, hv});
-  if (kDelta) seg.beta = c.beta->reshape({1, b * t, hv});
-  seg.batch = 1;
-  seg.seqlen = b * t;
-  seg.num_seqs = b * n;
-  seg.cu_seqlens = cu;
-  seg.initial_state = std::nullopt;
 
   at::Tensor warmup = at::empty({b * n, hv}, c.q.options().dtype(at::kInt));
   at::Tensor gate_sum = kDelta ? at::Tensor() : at::empty({b * n, hv}, f32.dtype(at::kDouble));
   chunk_sm90_segment_plan(c, n, seg_len, warmup, gate_sum);
-  const int* plan = warmup.data_ptr<int>();
+  const Walk walk{n, seg_len, warmup.data_ptr<int>()};
   // The delta rule's inverses, once for all passes: segments start on chunk boundaries.
   at::Tensor t_u;
   if (kDelta) {
     t_u = at::empty({b, t, hv, kChunk}, c.q.options());
     chunk_sm90_inverse(c, nullptr, t_u);
-    t_u = t_u.view({1, b * t, hv, kChunk});
   }
+  // The state-only passes start every segment from zero (or I).
+  ChunkCall from_zero = c;
+  from_zero.initial_state = std::nullopt;
   at::Tensor local = at::empty({b * n, hv, kDim, kDim}, f32);
-  launch<Element, kDelta>(seg, at::Tensor(), local, t_u, false, plan);
+  launch<Element, kDelta>(from_zero, at::Tensor(), local, t_u, walk);
   at::Tensor maps;
   if (kDelta) {
     maps = at::empty({b * n, hv, kDim, kDim}, f32);
-    launch<Element, true>(seg, at::Tensor(), maps, t_u, /*state_map=*/true, plan);
+    Walk map_walk = walk;
+    map_walk.state_map = true;
+    launch<Element, true>(from_zero, at::Tensor(), maps, t_u, map_walk);
   }
   at::Tensor start = at::empty({b * n, hv, kDim, kDim}, f32);
   chunk_sm90_segment_combine(c, n, warmup, gate_sum, local, maps, start);
-  seg.initial_state = start;
 
-  at::Tensor seg_final = at::empty({b * n, hv, kDim, kDim}, f32);
-  launch<Element, kDelta>(seg, o.view({1, b * t, hv, c.dim_v}), seg_final, t_u, false, plan);
-  if (final_state.defined()) {
-    final_state.copy_(seg_final.view({b, n, hv, kDim, kDim}).select(1, n - 1));
-  }
+  ChunkCall last = c;
+  last.initial_state = start;
+  Walk last_walk = walk;
+  last_walk.final_per_sequence = true;
+  launch<Element, kDelta>(last, o, final_state, t_u, last_walk);
 }
 
 }  // namespace

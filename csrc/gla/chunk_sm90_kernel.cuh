@@ -1,8 +1,8 @@
 // sm90a forward of chunk_gated_delta_rule and chunk_simple_gla (K = V = 128, 64-token chunks).
 //
-// One CTA owns one (sequence, v-head, half of V) and walks its chunks in order, keeping the
-// state S (128 x 64, fp32) in registers the whole way; the only intermediate in HBM is the delta
-// rule's per-chunk T_u, from the parallel inverse kernel.
+// One CTA owns one (sequence or segment of one, v-head, half of V) and walks its chunks in
+// order, keeping the state S (128 x 64, fp32) in registers the whole way; the only
+// intermediate in HBM is the delta rule's per-chunk T_u, from the parallel inverse kernel.
 // The state is kept transposed (S^T, v-columns as rows) so every product is a wgmma with M = 64
 // v-columns and the chain's operands come from registers or from tiles as TMA wrote them.
 // Roles (128 threads per warpgroup):
@@ -112,8 +112,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(
       smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
-  // This CTA's (sequence n, v-head hv, v-half); the two halves of one head run side by side and
-  // share their q/k/v reads in L2. Varlen sequences go in the plan's order, the longest first.
+  // This CTA's (work item n: a sequence or a segment, v-head hv, v-half); the two halves of one
+  // head run side by side and share their q/k/v reads in L2. Varlen sequences go in the plan's
+  // order, the longest first.
   const int half = blockIdx.x % 2;
   const int hv = (blockIdx.x / 2) % p.heads_v;
   int n = blockIdx.x / 2 / p.heads_v;
@@ -126,11 +127,12 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     tma_row0 = seq.start;
     tma_batch = 0;
     row_base = seq.start;
-  } else {
-    len = p.seqlen;
-    tma_row0 = 0;
-    tma_batch = n;
-    row_base = static_cast<int64_t>(n) * p.seqlen;
+  } else {  // sequence b, or its segment k when the call is cut into segments
+    const int b = n / p.segments, k = n % p.segments;
+    tma_row0 = k * p.segment_len;
+    len = min(p.segment_len, p.seqlen - tma_row0);
+    tma_batch = b;
+    row_base = static_cast<int64_t>(b) * p.seqlen + tma_row0;
   }
   // Segment split: a state-only pass skips heads that start from warm-ups; the last pass walks
   // `warm` chunks before the sequence from S = 0 and writes o only from the sequence's start.
@@ -549,7 +551,11 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   }
   if (tid == 0) ptx::bulk_wait_group<0>();  // the last stores complete before the CTA exits
 
-  if (p.final_state != nullptr) {
+  if (p.final_state != nullptr &&
+      (!p.final_per_sequence || n % p.segments == p.segments - 1)) {
+    const int64_t final_offset =
+        p.final_per_sequence ? (static_cast<int64_t>(n / p.segments) * p.heads_v + hv) * 128 * 128
+                             : state_offset;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
 #pragma unroll
@@ -557,7 +563,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           const int key = 8 * j + frag_col + cc, col = v0 + frag_row + 8 * i;
-          p.final_state[state_offset + key * 128 + col] = sacc[4 * j + 2 * i + cc];
+          p.final_state[final_offset + key * 128 + col] = sacc[4 * j + 2 * i + cc];
         }
       }
     }

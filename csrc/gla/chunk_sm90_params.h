@@ -17,6 +17,12 @@ struct ChunkSm90Params {
                                 // sequences of length T)
   const int* order;             // varlen: [N] the sequences, the most chunks first
   int seqlen;                  // T
+  int segments, segment_len;   // dense: each sequence walked as `segments` segments of
+                               // `segment_len` tokens (a multiple of 64), one CTA each; work
+                               // item n is segment n % segments of sequence n / segments.
+                               // Unsplit: 1 and T. The states are per work item, except:
+  bool final_per_sequence;     // the segment split's last pass: only each sequence's last
+                               // segment writes the final state, at its sequence's index
   int heads_v, group;          // group = HV / H; v-head hv reads qk-head hv / group
   float scale;
   bool qk_l2norm;               // delta rule: l2-normalize q and k rows first
