@@ -28,20 +28,26 @@ template <typename Element>
 struct ChunkInverseTraits {
   static constexpr int kChunk = 64;
   static constexpr int kThreads = 128;
+  static constexpr int kCtasPerSm = 6;  // each CTA is a latency-bound chain of small steps
   static constexpr int kLd = 68;  // fp32 row stride: conflict-free mma.sync A loads
   struct alignas(1024) SharedStorage {
-    Element k[2][kChunk][64];  // [K half][token][64], 128-byte swizzle (TMA)
+    union {
+      Element k[2][kChunk][64];  // [K half][token][64], 128-byte swizzle (TMA); dead once
+                                 // K K^T has landed (a barrier precedes the first write of t)
+      float t[kChunk][kLd];
+    };
     float a[kChunk][kLd];
-    float t[kChunk][kLd];
     float beta[kChunk];
     uint64_t full;
   };
-  static constexpr uint32_t kLoadBytes = sizeof(SharedStorage::k);
+  static constexpr uint32_t kLoadBytes = sizeof(Element) * 2 * kChunk * 64;
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "shared memory per SM");
 };
 
 template <typename Element>
-__global__ void __launch_bounds__(128, 4)
+__global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
+                                  ChunkInverseTraits<Element>::kCtasPerSm)
     chunk_sm90_inverse_kernel(const __grid_constant__ CUtensorMap tmap_k,
                               const ChunkSm90InverseParams p) {
   using Tr = ChunkInverseTraits<Element>;
