@@ -25,8 +25,6 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ "$TESTS" = tests ] || echo "NOTE: only $TESTS (not the whole suite)"
-[ -f .peers/fmha/env.sh ] && source .peers/fmha/env.sh
-[ -f .peers/gla/env.sh ] && source .peers/gla/env.sh
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 declare -A STATUS
@@ -63,6 +61,10 @@ if [ "$SANITIZE" = 1 ]; then
 fi
 step main main.log python3 -m dsv4_attn
 if [ "$BENCH" = 1 ]; then
+  # Peers join the benchmarks only: with fla importable, transformers' Qwen3-Next routes its
+  # own reference through fla's Triton kernels, which the model tests must not use.
+  [ -f .peers/fmha/env.sh ] && source .peers/fmha/env.sh
+  [ -f .peers/gla/env.sh ] && source .peers/gla/env.sh
   [ "$FMHA_BENCH" = 1 ] && step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" "${BENCH_ARGS[@]}"
   [ "$GLA_BENCH" = 1 ] && step bench_gla bench_gla.log python3 benchmarks/bench_gla.py "${BENCH_ARGS[@]}"
   step bench_dsv4 bench_dsv4.log python3 benchmarks/bench_dsv4.py --out "$OUT" "${BENCH_ARGS[@]}"
