@@ -118,6 +118,17 @@ torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: D = 64 packed GQA ran, outputs finite")
 
+# The dynamic grid (causal) with work tiles that see no key: rows 0..799 precede the first
+# key, so 4 of each head's 5 query tiles publish an index without a Q load.
+q = torch.randn(2, 900, 16, 64, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(2, 100, 16, 64, device="cuda", dtype=torch.bfloat16)
+v = torch.randn_like(k)
+out, lse = dsv4_attn.fmha(q, k, v, causal=True, return_lse=True)
+torch.cuda.synchronize()
+assert torch.isfinite(out).all() and torch.isfinite(lse[:, :, 800:]).all()
+assert (lse[:, :, :800] == -float("inf")).all()
+print("sanitize_fmha: D = 64 dynamic grid with empty work tiles ran")
+
 # The fused merge_attn_states: 16-byte chunks (dense bf16) and single elements (Dv = 12, fp32
 # varlen layout), with -inf on one side.
 for shape, lse_shape, dtype in (((2, 70, 8, 128), (2, 8, 70), torch.bfloat16),

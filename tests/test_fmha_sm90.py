@@ -297,6 +297,61 @@ def test_fmha_sm90_packed_gqa(monkeypatch, pack, d, b, sq, sk, hq, hkv, causal, 
                seed=hash((b, sq, sk, hq, d, pack)) % (2 ** 31))
 
 
+# (B, Sq, Sk, Hq, Hkv, causal, window, sinks) at head_dim 128 with each key-tile width forced:
+# the launcher takes 128 keys per tile under a causal mask or a window and 176 otherwise.
+D128_BLOCK_N_CASES = [(2, 1023, 1023, 4, 1, True, -1, True), (1, 700, 1900, 8, 2, False, -1, False),
+                      (3, 239, 1023, 8, 2, True, 127, True), (1, 1, 5000, 32, 8, True, -1, False),
+                      (1, 2048, 2048, 2, 2, True, 300, False)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("block_n", ["128", "176"])
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,causal,window,sinks", D128_BLOCK_N_CASES)
+def test_fmha_sm90_d128_keys_per_tile(monkeypatch, block_n, b, sq, sk, hq, hkv, causal, window,
+                                      sinks):
+    """Oracle parity with 128 and with 176 keys per tile at head_dim 128, whichever the
+    launcher would choose, masked and not, split-KV (the decode case) and not."""
+    monkeypatch.setenv("DSV4_FMHA_D128_BLOCK_N", block_n)
+    check_case(b, sq, sk, hq, hkv, 128, causal, window, sinks,
+               seed=hash((b, sq, sk, hq, causal, window, block_n)) % (2 ** 31))
+
+
+@needs_sm90
+def test_fmha_sm90_d128_keys_per_tile_bad_override(monkeypatch):
+    monkeypatch.setenv("DSV4_FMHA_D128_BLOCK_N", "96")
+    q = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="DSV4_FMHA_D128_BLOCK_N must be 128 or 176, got '96'"):
+        dsv4_attn.fmha(q, q, q)
+
+
+# (B, Sq, Sk, Hq, Hkv, D, causal, window): work-tile counts below the SM count (and split),
+# about at it (11 x 12 = 132), and far above it, with tiles that see no key (Sq > Sk, causal)
+# and tiles of unequal cost, for each grid (attention/tile_scheduler.cuh).
+GRID_CASES = [(1, 300, 300, 4, 1, 128, True, -1), (1, 1408, 1408, 12, 4, 128, True, -1),
+              (4, 1023, 1023, 16, 16, 64, True, 1), (3, 1023, 239, 16, 4, 256, True, -1),
+              (2, 2000, 3000, 16, 2, 128, False, -1), (2, 900, 100, 16, 16, 64, True, 50)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("grid", ["per_tile", "persistent", "dynamic"])
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,d,causal,window", GRID_CASES)
+def test_fmha_sm90_grids(monkeypatch, grid, b, sq, sk, hq, hkv, d, causal, window):
+    """Oracle parity, poisoned outputs and bitwise repeatability with one CTA per work tile,
+    a static persistent grid and the dynamic one (a per-call tile counter)."""
+    monkeypatch.setenv("DSV4_FMHA_GRID", grid)
+    check_case(b, sq, sk, hq, hkv, d, causal, window, True,
+               seed=hash((b, sq, sk, hq, d, causal, grid)) % (2 ** 31))
+
+
+@needs_sm90
+def test_fmha_sm90_grid_bad_override(monkeypatch):
+    monkeypatch.setenv("DSV4_FMHA_GRID", "static")
+    q = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="DSV4_FMHA_GRID must be per_tile, persistent or "
+                                           "dynamic, got 'static'"):
+        dsv4_attn.fmha(q, q, q)
+
+
 @needs_sm90
 def test_fmha_sm90_split_kv_decode_cuda_graph_replay():
     """A split-KV decode step (kernel, then combine) captured once and replayed on new data."""

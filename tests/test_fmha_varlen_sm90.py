@@ -5,7 +5,8 @@ Each sequence is checked against the float64 oracle by FlashAttention's rule (as
 test_fmha_sm90), and against a dense sm90 call on that sequence alone, which must agree
 bitwise: a varlen tile computes the same tiles of the same rows, and the rows of the next
 sequence that a boundary tile loads are masked to exact zeros. (Split-KV is pinned off for
-that comparison: the plan counts work tiles, which differ between the two calls.) Lengths 0, 1, 7, 63, 64, 65,
+that comparison: the plan counts work tiles, which differ between the two calls; and dense
+calls at head_dim 128 are pinned to the varlen kernels' 128 keys per tile.) Lengths 0, 1, 7, 63, 64, 65,
 1000 and 8192 share one batch; causal, windows, sinks, MHA/GQA/MQA; poisoned outputs,
 determinism, and CUDA-graph replay with new cu_seqlens contents.
 """
@@ -123,8 +124,11 @@ def _cases():
 
 
 @pytest.fixture(autouse=True)
-def _no_split_kv(monkeypatch):
+def _dense_calls_like_varlen(monkeypatch):
+    """The dense calls that varlen must match bitwise compute the same tiles: no split, and at
+    head_dim 128 the varlen kernels' 128 keys per tile (dense full rows would take 176)."""
     monkeypatch.setenv("DSV4_SPLIT_KV", "1")
+    monkeypatch.setenv("DSV4_FMHA_D128_BLOCK_N", "128")
 
 
 @pytest.mark.parametrize("lens_q,lens_k,hq,hkv,d,causal,window,sinks", _cases())

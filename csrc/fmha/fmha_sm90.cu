@@ -1,4 +1,5 @@
-// The sm90 fmha kernel's coverage, and its dense calls (varlen ones: fmha_sm90_varlen.cu).
+// The sm90 fmha kernel's coverage, and its dense calls (varlen ones: fmha_sm90_varlen.cu; head_dim
+// 128 with 128 keys per tile: fmha_sm90_d128_n128.cu).
 #include "fmha/fmha_sm90_launch.cuh"
 
 namespace dsv4 {

@@ -1,11 +1,10 @@
 // sm90a fmha forward: TMA loads, an mbarrier pipeline, wgmma and warp specialization.
 //
 // Each CTA walks work tiles (a query tile of one (batch, head), or with packed GQA the query
-// heads of one KV head, tokens x heads in the rows) with a stride of gridDim.x and computes
-// each against every visible key tile. The launcher picks the grid: one CTA per SM
-// (persistent) for equal, short work tiles, one CTA per work tile otherwise, so the hardware
-// balances causal and windowed work dynamically (use_persistent_grid in fmha_sm90_launch.cuh
-// says when).
+// heads of one KV head, tokens x heads in the rows) and computes each against every visible
+// key tile. The producer thread picks the CTA's next work tile (attention/tile_scheduler.cuh:
+// a static stride or a global counter, by the launcher's grid, fmha_grid) and publishes its
+// index with its Q load; the consumers decode it themselves.
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
 //   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64), 64 query rows each, with
@@ -21,18 +20,22 @@
 // Every [rows][64] block is one TMA box written with the 128-byte swizzle that wgmma reads.
 //
 // Barrier protocol (phase bits flip once per pass over the ring):
-//   q_full          producer arrive.expect_tx(Q bytes) + TMA     -> consumers wait
-//   q_empty         all consumer threads arrive after their last QK^T of a work tile
-//                                                                -> producer waits before the
-//                                                                   next work tile's Q
+//   q_full          producer wrote the round's work-tile index, then arrive.expect_tx(Q
+//                   bytes) + TMA (a plain arrive for a tile that sees no key, and for the
+//                   index past the last that ends the loop)
+//                                                                -> consumers wait, read the
+//                                                                   index
+//   q_empty         all consumer threads arrive after their last QK^T of a work tile (at
+//                   once for a tile that sees no key)            -> producer waits before the
+//                                                                   next index and Q
 //   k_full[s]       producer arrive.expect_tx(tile bytes) + TMA  -> consumers wait before QK^T
 //   k_empty[s]      all consumer threads arrive after QK^T       -> producer waits before reuse
 //   v_full[s]       as k_full, for V                             -> consumers wait before PV
 //   v_empty[s]      all consumer threads arrive after PV         -> producer waits before reuse
 // The producer waits on empty barriers with the opposite parity, so its first pass never
 // blocks; it runs up to kStages tiles ahead, overlapping the loads of tile j+1 with compute on
-// tile j. Both roles count ring positions (kv_iter) and Q loads (q_round) across work tiles,
-// and both skip a work tile that sees no key; its consumers then write the empty rows.
+// tile j. Both roles count ring positions (kv_iter) and work tiles (q_round) across work
+// tiles; a work tile that sees no key loads nothing, and its consumers write the empty rows.
 //
 // Varlen (the kVarlen instantiations): the tensor maps see the packed tensors as one batch and
 // each work tile takes its sequence's rows and lengths from a schedule built on the device
@@ -56,6 +59,7 @@
 #include "attention/fragment_store.cuh"
 #include "attention/key_range.cuh"
 #include "attention/online_softmax.cuh"
+#include "attention/tile_scheduler.cuh"
 #include "fmha/fmha_sm90_params.h"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
@@ -63,23 +67,19 @@
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 
-// Keys per tile at head_dim 128, a build-time knob for timing variants against each other:
-// 176 measured 1-3% faster than 128 on an H100 (benchmarks/NOTES.md).
-#ifndef DSV4_FMHA_D128_BLOCK_N
-#define DSV4_FMHA_D128_BLOCK_N 176
-#endif
-
 namespace dsv4 {
 
-template <typename Element, int kHeadDim>
+// kBlockN_, keys per tile, is the launcher's (dispatch in fmha_sm90_launch.cuh): 128 at
+// head_dim 64; at 128, 176 for full rows and 128 under a causal mask or a window; 64 at 256,
+// where the O accumulator takes 128 registers and 80 keys per tile spill (ptxas).
+template <typename Element, int kHeadDim, int kBlockN_>
 struct FmhaSm90Traits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64/128/256");
   // D = 64 has the least MMA work per softmax element: a third consumer warpgroup keeps the
   // tensor cores fed. Each consumer warpgroup owns 64 query rows.
   static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
   static constexpr int kBlockM = 64 * kConsumers;
-  // At head_dim 256 the O accumulator takes 128 registers: 80 keys per tile spill (ptxas).
-  static constexpr int kBlockN = kHeadDim == 64 ? 128 : kHeadDim == 128 ? DSV4_FMHA_D128_BLOCK_N : 64;
+  static constexpr int kBlockN = kBlockN_;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "keys per tile: a multiple of 16, <= 256");
   static constexpr int kStages = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -99,6 +99,10 @@ struct FmhaSm90Traits {
     Element q[kColBlocks][kBlockM][64];
     Element k[kStages][kColBlocks][kBlockN][64];
     Element v[kStages][kColBlocks][kBlockN][64];
+    // The work-tile index the producer published with round r's Q (q_full), in slot r % 2:
+    // it is rewritten two rounds later, after this round's epilogue, so the consumers read it
+    // again there instead of holding it in a register through the mainloop.
+    int work_tile[2];
     uint64_t q_full, q_empty;
     uint64_t k_full[kStages], k_empty[kStages];
     uint64_t v_full[kStages], v_empty[kStages];
@@ -108,10 +112,11 @@ struct FmhaSm90Traits {
 };
 
 // Work tile t: a query tile of one (sequence, head group), with that sequence's rows and
-// lengths. Dense: the query tiles of one (batch, head group) are consecutive, so CTAs running
-// at the same time share that KV head in L2; within a head group the last query tile (the one
-// that sees the most keys under a causal mask) comes first. Varlen: the schedule's order (the
-// costliest query tiles first), each tile's heads consecutive.
+// lengths. Dense: sections of FmhaSm90Params::section_units (batch, head group) units whose
+// K/V fit in L2 together, so the CTAs running at the same time share them; within a section
+// the last query tiles (the ones that see the most keys under a causal mask) come first, the
+// section's units innermost. Varlen: the schedule's order (the costliest query tiles first),
+// each tile's heads consecutive.
 // Packed GQA (dense, FmhaSm90Params::pack_heads > 1): a tile's rows are pack_tokens tokens of
 // pack_heads query heads of one KV head, so decode and short queries read each K/V tile once
 // for the whole group instead of once per query head.
@@ -139,11 +144,21 @@ __device__ __forceinline__ WorkTile decode_tile(const FmhaSm90Params& p, int t) 
     }
     return w;
   } else {
-    const int split = t % p.num_splits;  // a work tile's splits are neighbours
-    t /= p.num_splits;
-    const int head_batch = t / p.num_m_blocks, head_groups = p.heads_q / p.pack_heads;
-    return {p.num_m_blocks - 1 - t % p.num_m_blocks, head_batch % head_groups * p.pack_heads,
-            head_batch / head_groups, split, 0, 0, {}};
+    // Unsigned: each division is shorter and needs fewer registers (the producer has 24).
+    const unsigned num_splits = p.num_splits, num_m_blocks = p.num_m_blocks;
+    const unsigned section_units = p.section_units;
+    const unsigned head_groups = unsigned(p.heads_q) / unsigned(p.pack_heads);
+    unsigned u = t;
+    const unsigned split = u % num_splits;  // a work tile's splits are neighbours
+    u /= num_splits;
+    // Sections of section_units (batch, head group) units, the last query tiles first.
+    const unsigned section = u / (num_m_blocks * section_units);
+    const unsigned in_section = u - section * (num_m_blocks * section_units);
+    const unsigned first_unit = section * section_units;
+    const unsigned units = min(section_units, head_groups * unsigned(p.batch) - first_unit);
+    const unsigned unit = first_unit + in_section % units;
+    return {int(num_m_blocks - 1 - in_section / units), int(unit % head_groups) * p.pack_heads,
+            int(unit / head_groups), int(split), 0, 0, {}};
   }
 }
 
@@ -183,12 +198,12 @@ __device__ __forceinline__ void mask_key_tile(const Keys& keys, const KeyTiles& 
   mask_outside<kBlockN>(sacc, lo, hi);
 }
 
-template <typename Element, int kHeadDim, bool kVarlen>
-__global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1)
+template <typename Element, int kHeadDim, int kBlockN_, bool kVarlen>
+__global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::kThreads, 1)
     fmha_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
                      const __grid_constant__ CUtensorMap tmap_k,
                      const __grid_constant__ CUtensorMap tmap_v, const FmhaSm90Params p) {
-  using T = FmhaSm90Traits<Element, kHeadDim>;
+  using T = FmhaSm90Traits<Element, kHeadDim, kBlockN_>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kColBlocks = T::kColBlocks;
   const float neg_inf = __int_as_float(0xff800000);
@@ -199,7 +214,6 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(
       smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
-  const int num_work = p.num_work;
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
@@ -222,25 +236,38 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       ptx::tma_prefetch_descriptor(&tmap_q);
       ptx::tma_prefetch_descriptor(&tmap_k);
       ptx::tma_prefetch_descriptor(&tmap_v);
-      int kv_iter = 0, q_round = 0;  // ring position and Q loads, continued across work tiles
-      for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
+      int kv_iter = 0, q_round = 0;  // ring position and work tiles, continued across them
+      // Publishes work tile `work` with its Q: once the consumers' last QK^T of the previous
+      // work tile has landed (so a Q load overlaps their last PV and epilogue), writes its
+      // index and arrives on q_full (with Q's bytes when it sees a key: the caller's TMA).
+      auto publish = [&](int work, bool with_q) {
+        ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
+        s.work_tile[q_round & 1] = work;
+        if (with_q) {
+          ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
+        } else {
+          ptx::mbarrier_arrive(q_full);
+        }
+      };
+      int work = blockIdx.x;
+      for (; work < p.num_work; ++q_round) {
+        // Drawn now, used once this tile's loads are issued: the atomic's latency hides.
+        const int next = next_work_tile(p.tile_counter, work);
         const WorkTile w = decode_tile<kVarlen>(p, work);
         const int tokens = tile_tokens<kVarlen, kBlockM>(p);
-        const int tok0 = w.m_block * tokens, kv_head = w.head0 / p.group;
+        const int tok0 = w.m_block * tokens;
         const KeyTiles tiles =
             kVarlen ? visible_key_tiles(w.shape, tok0, tokens, kBlockN)
                     : split_tiles(visible_key_tiles(p, tok0, tokens, kBlockN), w.split, p.num_splits);
         const int num_tiles = tiles.end - tiles.first;
+        publish(work, num_tiles > 0);
+        work = next;
         if (num_tiles == 0) continue;  // consumers write the empty rows without loads
-        // Q is released once the consumers' last QK^T of the previous work tile has landed,
-        // so this load overlaps their last PV and epilogue.
-        ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
-        ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
         for (int cb = 0; cb < kColBlocks; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
                            w.q_start + tok0, w.head0, w.batch);
         }
-        ++q_round;
+        const int kv_head = w.head0 / p.group;
         for (int it = 0; it < num_tiles; ++it, ++kv_iter) {
           const int stage = kv_iter % kStages;
           const uint32_t phase = (kv_iter / kStages) & 1;
@@ -261,6 +288,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
           }
         }
       }
+      publish(work, false);  // an index past the last: the consumers' loop ends
     }
     return;
   }
@@ -330,9 +358,14 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
   if (wg == T::kConsumers - 1) pass_turn();
 
   int kv_iter = 0, q_round = 0;  // as in the producer
-  for (int work = blockIdx.x; work < num_work; work += gridDim.x) {
+  for (;; ++q_round) {
+    ptx::mbarrier_wait(q_full, q_round & 1);
+    auto published_work = [&] {
+      return *reinterpret_cast<volatile int*>(&s.work_tile[q_round & 1]);
+    };
+    if (published_work() >= p.num_work) break;
     {
-      const WorkTile w = decode_tile<kVarlen>(p, work);
+      const WorkTile w = decode_tile<kVarlen>(p, published_work());
       const int tokens = tile_tokens<kVarlen, kBlockM>(p);
       shape = w.shape;
       token0 = w.m_block * kBlockM + row0;
@@ -349,8 +382,8 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
 
     // Intra-warpgroup overlap: while the softmax of tile j runs on the CUDA cores, the tensor
     // cores work on PV of tile j-1 (and had QK^T of tile j issued just before it).
+    if (num_tiles == 0) ptx::mbarrier_arrive(q_empty);  // Q was not loaded
     if (num_tiles > 0) {
-      ptx::mbarrier_wait(q_full, q_round & 1);
       float sacc[kBlockN / 2];
       uint32_t pfrag[kBlockN / 16][4];
       float correction[2];
@@ -409,14 +442,13 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim>::kThreads, 1
       for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
       ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[last]));
       kv_iter += num_tiles;
-      ++q_round;
     }
 
     // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse; a
     // split stores its normalised rows in fp32 and their lse without the sink instead. The
     // work tile is decoded again, so that its fields held no registers through the mainloop.
     constexpr float kLog2e = 1.4426950408889634f;
-    const WorkTile w = decode_tile<kVarlen>(p, work);
+    const WorkTile w = decode_tile<kVarlen>(p, published_work());
     const int tokens = tile_tokens<kVarlen, kBlockM>(p);
     const int seqlen_q = kVarlen ? w.shape.seqlen_q : p.seqlen_q;
     // Row row0 + 8 i of the tile: token[i] of the sequence, query head head[i].

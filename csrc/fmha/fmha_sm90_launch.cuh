@@ -19,19 +19,44 @@
 
 namespace dsv4 {
 
-// A persistent grid (one CTA per SM, static stride over work tiles) overlaps each CTA's next Q
-// load with its last PV and epilogue: that pays when a work tile has few key tiles (measured:
-// non-causal Sk = 1k, +10-15%). A static stride balances only equal work tiles, so causal and
-// windowed calls, and long Sk where the per-tile overhead is amortised, get one CTA per work
-// tile and the hardware's dynamic scheduling (benchmarks/NOTES.md has the timings).
-// DSV4_FMHA_GRID=persistent|per_tile overrides the choice, for timing the variants.
-// Varlen work tiles are unequal by nature: one CTA each, in the schedule's costliest-first order.
-inline bool use_persistent_grid(const FmhaCall& c) {
-  const char* grid = std::getenv("DSV4_FMHA_GRID");
-  if (grid != nullptr && std::strcmp(grid, "persistent") == 0) return true;
-  if (grid != nullptr && std::strcmp(grid, "per_tile") == 0) return false;
-  constexpr int64_t kMaxPersistentSeqlenK = 4096;
-  return !c.varlen && !c.causal && c.window_left < 0 && c.seqlen_k <= kMaxPersistentSeqlenK;
+// The grid (attention/tile_scheduler.cuh), from same-run timings (benchmarks/NOTES.md).
+// Equal work tiles (dense, non-causal, no window) take the static persistent grid: it overlaps
+// each CTA's next Q load with its last PV and epilogue (non-causal 1k: +14% over one CTA per
+// tile, 4k: +3-5%, 16k: +0-5%). Unequal ones (causal, windowed, varlen) take the dynamic
+// persistent grid, the costliest tiles first (causal 1k: +8-19%, 2k: +5-14%), except at head_dim
+// 256 with more than 2k keys, where one CTA per work tile measured 5% faster.
+// DSV4_FMHA_GRID=per_tile|persistent|dynamic overrides the choice, for tests and timing.
+enum class FmhaGrid { kPerTile, kPersistent, kDynamic };
+
+inline FmhaGrid fmha_grid(const FmhaCall& c) {
+  if (const char* grid = std::getenv("DSV4_FMHA_GRID")) {
+    if (std::strcmp(grid, "per_tile") == 0) return FmhaGrid::kPerTile;
+    if (std::strcmp(grid, "persistent") == 0) return FmhaGrid::kPersistent;
+    if (std::strcmp(grid, "dynamic") == 0) return FmhaGrid::kDynamic;
+    TORCH_CHECK(false, "fmha: DSV4_FMHA_GRID must be per_tile, persistent or dynamic, got '",
+                grid, "'");
+  }
+  if (!c.varlen && !c.causal && c.window_left < 0) return FmhaGrid::kPersistent;
+  constexpr int64_t kMaxDynamicSeqlenKD256 = 2048;
+  if (!c.varlen && c.head_dim == 256 && c.seqlen_k > kMaxDynamicSeqlenKD256) {
+    return FmhaGrid::kPerTile;
+  }
+  return FmhaGrid::kDynamic;
+}
+
+// Dense work order (decode_tile in fmha_sm90_kernel.cuh): how many (batch, head group) units
+// share a section, so that the K/V of the heads that concurrent CTAs work on fit in L2. Only
+// masked calls need the order across heads (their query tiles differ in cost); unmasked ones
+// keep one unit per section, each head's tiles together.
+inline int fmha_section_units(const FmhaCall& c, int pack_heads, int64_t element_size) {
+  if (!c.causal && c.window_left < 0) return 1;
+  constexpr int64_t kL2Budget = 32 << 20;  // bytes of K/V in flight (H100: 50 MB of L2)
+  const int64_t kv_head_bytes = 2 * c.seqlen_k * c.head_dim * element_size;
+  const int64_t units_per_kv_head = std::max<int64_t>(1, c.heads_q / c.heads_kv / pack_heads);
+  const int64_t units = c.batch * c.heads_q / pack_heads;
+  return static_cast<int>(std::min(
+      units, std::max<int64_t>(1, kL2Budget / std::max<int64_t>(1, kv_head_bytes)) *
+                 units_per_kv_head));
 }
 
 // Packed GQA (dense calls): the query heads that share a KV head fill a work tile's rows, so
@@ -59,10 +84,30 @@ inline GqaPacking gqa_packing(const FmhaCall& c, int block_m) {
   return fill(unpacked.tokens) < 0.9 * fill(packed.tokens) ? packed : unpacked;
 }
 
-template <typename Element, int kHeadDim, bool kVarlen>
+// Keys per tile at head_dim 128 (the other head dims have one choice). 176 keys per tile
+// measured 1-7% faster than 128 on long full rows; under a causal mask or a window, 128 wastes
+// less of the diagonal tiles and leaves the consumers 36 registers, as FlashAttention-3 also
+// chooses (benchmarks/NOTES.md has the same-run timings). Varlen calls take 128 always (176
+// measured no faster on the varlen rows, and its varlen kernel spilled). For dense calls
+// DSV4_FMHA_D128_BLOCK_N=128|176 overrides the choice, for tests and timing.
+inline int fmha_d128_block_n(const FmhaCall& c) {
+  if (c.varlen) return 128;
+  if (const char* forced = std::getenv("DSV4_FMHA_D128_BLOCK_N")) {
+    TORCH_CHECK(std::strcmp(forced, "128") == 0 || std::strcmp(forced, "176") == 0,
+                "fmha: DSV4_FMHA_D128_BLOCK_N must be 128 or 176, got '", forced, "'");
+    return std::atoi(forced);
+  }
+  return c.causal || c.window_left >= 0 ? 128 : 176;
+}
+
+// The head_dim-128 kernels with 128 keys per tile, dense and varlen, in a translation unit of
+// their own (fmha_sm90_d128_n128.cu) so that they compile in parallel with the others.
+void fmha_sm90_d128_n128(const FmhaCall& c, at::Tensor& out, at::Tensor& lse);
+
+template <typename Element, int kHeadDim, int kBlockN, bool kVarlen>
 void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
-  using T = FmhaSm90Traits<Element, kHeadDim>;
-  auto kernel = fmha_sm90_kernel<Element, kHeadDim, kVarlen>;
+  using T = FmhaSm90Traits<Element, kHeadDim, kBlockN>;
+  auto kernel = fmha_sm90_kernel<Element, kHeadDim, kBlockN, kVarlen>;
   // Per function and device; cheap, so set on every launch rather than tracking devices.
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(T::kSmemBytes)));
@@ -88,6 +133,8 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   p.causal = c.causal ? 1 : 0;
   p.window_left = static_cast<int>(c.window_left);
   p.num_work = p.num_m_blocks * (p.heads_q / p.pack_heads) * p.batch;
+  p.section_units = fmha_section_units(c, pack.heads, sizeof(Element));
+  p.tile_counter = nullptr;
   p.varlen_tiles = nullptr;
   p.varlen_sequences = nullptr;
   p.num_splits = 1;
@@ -125,8 +172,14 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   }
 
   const int64_t num_work = int64_t(p.num_work) * p.num_splits;
+  const FmhaGrid grid_kind = fmha_grid(c);
   const dim3 grid(static_cast<unsigned>(
-      use_persistent_grid(c) ? std::min<int64_t>(num_work, num_sms) : num_work));
+      grid_kind == FmhaGrid::kPerTile ? num_work : std::min<int64_t>(num_work, num_sms)));
+  at::Tensor tile_counter;  // alive until the kernel is queued
+  if (grid_kind == FmhaGrid::kDynamic && num_work > num_sms) {
+    tile_counter = at::zeros({1}, c.q.options().dtype(at::kInt));
+    p.tile_counter = tile_counter.data_ptr<int>();
+  }
   p.num_work = static_cast<int>(num_work);
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -142,14 +195,19 @@ void dispatch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   const bool bf16 = c.q.scalar_type() == at::kBFloat16;
   switch (c.head_dim) {
     case 64:
-      return bf16 ? launch<__nv_bfloat16, 64, kVarlen>(c, out, lse)
-                  : launch<__half, 64, kVarlen>(c, out, lse);
+      return bf16 ? launch<__nv_bfloat16, 64, 128, kVarlen>(c, out, lse)
+                  : launch<__half, 64, 128, kVarlen>(c, out, lse);
     case 128:
-      return bf16 ? launch<__nv_bfloat16, 128, kVarlen>(c, out, lse)
-                  : launch<__half, 128, kVarlen>(c, out, lse);
+      if constexpr (kVarlen) {
+        return fmha_sm90_d128_n128(c, out, lse);
+      } else {
+        if (fmha_d128_block_n(c) == 128) return fmha_sm90_d128_n128(c, out, lse);
+        return bf16 ? launch<__nv_bfloat16, 128, 176, false>(c, out, lse)
+                    : launch<__half, 128, 176, false>(c, out, lse);
+      }
     case 256:
-      return bf16 ? launch<__nv_bfloat16, 256, kVarlen>(c, out, lse)
-                  : launch<__half, 256, kVarlen>(c, out, lse);
+      return bf16 ? launch<__nv_bfloat16, 256, 64, kVarlen>(c, out, lse)
+                  : launch<__half, 256, 64, kVarlen>(c, out, lse);
     default:
       TORCH_CHECK(false, "fmha: the sm90 kernel has no head_dim ", c.head_dim);
   }

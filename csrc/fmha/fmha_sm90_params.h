@@ -22,17 +22,21 @@ struct FmhaSm90Params {
   // pack_tokens = kBlockM, pack_heads = 1. Packed: pack_tokens * pack_heads = kBlockM.
   int pack_tokens, pack_heads;
   int num_m_blocks;    // dense: query tiles per (batch, head group), ceil(Sq / pack_tokens)
-  int num_work;        // work tiles: dense num_m_blocks * (Hq / pack_heads) * B,
+  int num_work;        // work tiles: dense num_m_blocks * (Hq / pack_heads) * B * num_splits,
                        // varlen tile slots * Hq
-  const VarlenTile* varlen_tiles;          // nullptr: dense
-  const VarlenSequence* varlen_sequences;
   // Split-KV (dense; csrc/attention/split_kv.h): num_splits > 1 cuts each work tile's key tiles
   // into that many ranges (work = tile * num_splits + split); each writes its rows to o_partial
   // [split][row][D] fp32 and lse_partial [split][row] (no sink), row = (b * Sq + t) * Hq + h,
   // and the combine kernel writes out and lse.
   int num_splits;
+  const VarlenTile* varlen_tiles;          // nullptr: dense
+  const VarlenSequence* varlen_sequences;
   float* o_partial;
   float* lse_partial;
+  int* tile_counter;   // dynamic persistent grid (attention/tile_scheduler.cuh); nullptr: static
+  // Dense work order: sections of section_units (batch, head group) pairs, whose K/V fit in L2
+  // together; within a section the last query tiles (under a causal mask the costliest) first.
+  int section_units;
   float scale_log2;    // scale * log2(e), > 0
   int causal;          // bottom-right aligned
   int window_left;     // < 0: no window
