@@ -3,8 +3,10 @@
 // Each CTA walks work tiles (a query tile of one (batch, head), or with packed GQA the query
 // heads of one KV head, tokens x heads in the rows) and computes each against every visible
 // key tile. The producer thread picks the CTA's next work tile (attention/tile_scheduler.cuh:
-// a static stride or a global counter, by the launcher's grid, fmha_grid) and publishes its
-// index with its Q load; the consumers decode it themselves.
+// a static stride, or a global counter for the launcher's dynamic grid, fmha_grid). The
+// kernels with kPublishWorkTiles publish each index with its Q load (the counter's draws are
+// known to the producer alone); the others' consumers follow the static stride themselves.
+// Either way the consumers decode each tile themselves.
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
 //   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64), 64 query rows each, with
@@ -20,11 +22,10 @@
 // Every [rows][64] block is one TMA box written with the 128-byte swizzle that wgmma reads.
 //
 // Barrier protocol (phase bits flip once per pass over the ring):
-//   q_full          producer wrote the round's work-tile index, then arrive.expect_tx(Q
-//                   bytes) + TMA (a plain arrive for a tile that sees no key, and for the
-//                   index past the last that ends the loop)
-//                                                                -> consumers wait, read the
-//                                                                   index
+//   q_full          producer arrive.expect_tx(Q bytes) + TMA     -> consumers wait
+//                   kPublishWorkTiles: the producer writes the round's work-tile index first,
+//                   and a tile that sees no key, or the index past the last that ends the
+//                   loop, takes a round too, with a plain arrive (the consumers read the index)
 //   q_empty         all consumer threads arrive after their last QK^T of a work tile (at
 //                   once for a tile that sees no key)            -> producer waits before the
 //                                                                   next index and Q
@@ -34,8 +35,8 @@
 //   v_empty[s]      all consumer threads arrive after PV         -> producer waits before reuse
 // The producer waits on empty barriers with the opposite parity, so its first pass never
 // blocks; it runs up to kStages tiles ahead, overlapping the loads of tile j+1 with compute on
-// tile j. Both roles count ring positions (kv_iter) and work tiles (q_round) across work
-// tiles; a work tile that sees no key loads nothing, and its consumers write the empty rows.
+// tile j. Both roles count ring positions (kv_iter) and Q rounds (q_round) across work tiles;
+// a work tile that sees no key loads nothing, and its consumers write the empty rows.
 //
 // Varlen (the kVarlen instantiations): the tensor maps see the packed tensors as one batch and
 // each work tile takes its sequence's rows and lengths from a schedule built on the device
@@ -82,6 +83,10 @@ struct FmhaSm90Traits {
   static constexpr int kBlockN = kBlockN_;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "keys per tile: a multiple of 16, <= 256");
   static constexpr int kStages = 2;
+  // Whether the producer publishes each work tile's index (attention/tile_scheduler.cuh), which
+  // the dynamic grid needs. The consumers' register allocation then changes: measured 5-10%
+  // slower at 176 keys (head_dim 128) and at head_dim 256, so those take static grids only.
+  static constexpr bool kPublishWorkTiles = kHeadDim == 64 || (kHeadDim == 128 && kBlockN == 128);
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle atoms along head_dim
@@ -206,6 +211,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
   using T = FmhaSm90Traits<Element, kHeadDim, kBlockN_>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kStages = T::kStages;
   constexpr int kColBlocks = T::kColBlocks;
+  constexpr bool kPublish = T::kPublishWorkTiles;
   const float neg_inf = __int_as_float(0xff800000);
 
   // Aligned by offsetting the __shared__ array itself (not through an integer), so the
@@ -236,23 +242,25 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
       ptx::tma_prefetch_descriptor(&tmap_q);
       ptx::tma_prefetch_descriptor(&tmap_k);
       ptx::tma_prefetch_descriptor(&tmap_v);
-      int kv_iter = 0, q_round = 0;  // ring position and work tiles, continued across them
-      // Publishes work tile `work` with its Q: once the consumers' last QK^T of the previous
-      // work tile has landed (so a Q load overlaps their last PV and epilogue), writes its
-      // index and arrives on q_full (with Q's bytes when it sees a key: the caller's TMA).
-      auto publish = [&](int work, bool with_q) {
+      int kv_iter = 0, q_round = 0;  // ring position and Q rounds, continued across work tiles
+      // A Q round: once the consumers' last QK^T of the previous work tile has landed (so a Q
+      // load overlaps their last PV and epilogue), arrive on q_full, with Q's bytes when the
+      // tile sees a key (the caller's TMA). With kPublish, write the tile's index first.
+      auto q_round_begin = [&](int work, bool with_q) {
         ptx::mbarrier_wait(q_empty, (q_round & 1) ^ 1);
-        s.work_tile[q_round & 1] = work;
+        if constexpr (kPublish) s.work_tile[q_round & 1] = work;
         if (with_q) {
           ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
         } else {
           ptx::mbarrier_arrive(q_full);
         }
+        ++q_round;
       };
       int work = blockIdx.x;
-      for (; work < p.num_work; ++q_round) {
-        // Drawn now, used once this tile's loads are issued: the atomic's latency hides.
-        const int next = next_work_tile(p.tile_counter, work);
+      while (work < p.num_work) {
+        // Drawn now, used once this tile's loads are issued: an atomic's latency hides.
+        const int next =
+            kPublish ? next_work_tile(p.tile_counter, work) : work + ptx::grid_ctas();
         const WorkTile w = decode_tile<kVarlen>(p, work);
         const int tokens = tile_tokens<kVarlen, kBlockM>(p);
         const int tok0 = w.m_block * tokens;
@@ -260,9 +268,11 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
             kVarlen ? visible_key_tiles(w.shape, tok0, tokens, kBlockN)
                     : split_tiles(visible_key_tiles(p, tok0, tokens, kBlockN), w.split, p.num_splits);
         const int num_tiles = tiles.end - tiles.first;
-        publish(work, num_tiles > 0);
+        // A tile that sees no key loads nothing (its consumers write the empty rows); with
+        // kPublish it still takes a round, to publish its index.
+        if (kPublish || num_tiles > 0) q_round_begin(work, num_tiles > 0);
         work = next;
-        if (num_tiles == 0) continue;  // consumers write the empty rows without loads
+        if (num_tiles == 0) continue;
         for (int cb = 0; cb < kColBlocks; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
                            w.q_start + tok0, w.head0, w.batch);
@@ -288,7 +298,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
           }
         }
       }
-      publish(work, false);  // an index past the last: the consumers' loop ends
+      if constexpr (kPublish) q_round_begin(work, false);  // past the last: the loop ends
     }
     return;
   }
@@ -358,11 +368,23 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
   if (wg == T::kConsumers - 1) pass_turn();
 
   int kv_iter = 0, q_round = 0;  // as in the producer
-  for (;; ++q_round) {
-    ptx::mbarrier_wait(q_full, q_round & 1);
+  // The round's work tile: published by the producer (kPublish; read through redux.sync, whose
+  // result is in a uniform register: a value loaded from shared memory is per-thread to ptxas,
+  // and everything derived from it would be computed per thread), or the static stride's.
+  // Read again for the epilogue rather than held in a register through the mainloop: the slot
+  // is rewritten two rounds later, after this round's epilogue.
+  for (int stride_work = blockIdx.x;; stride_work += ptx::grid_ctas(), q_round += kPublish) {
     auto published_work = [&] {
-      return *reinterpret_cast<volatile int*>(&s.work_tile[q_round & 1]);
+      if constexpr (kPublish) {
+        return __reduce_max_sync(
+            0xffffffffu, p.tile_counter == nullptr
+                             ? int(blockIdx.x) + q_round * ptx::grid_ctas()
+                             : *reinterpret_cast<volatile int*>(&s.work_tile[q_round & 1]));
+      } else {
+        return stride_work;
+      }
     };
+    if constexpr (kPublish) ptx::mbarrier_wait(q_full, q_round & 1);
     if (published_work() >= p.num_work) break;
     {
       const WorkTile w = decode_tile<kVarlen>(p, published_work());
@@ -382,8 +404,9 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
 
     // Intra-warpgroup overlap: while the softmax of tile j runs on the CUDA cores, the tensor
     // cores work on PV of tile j-1 (and had QK^T of tile j issued just before it).
-    if (num_tiles == 0) ptx::mbarrier_arrive(q_empty);  // Q was not loaded
+    if (kPublish && num_tiles == 0) ptx::mbarrier_arrive(q_empty);  // Q was not loaded
     if (num_tiles > 0) {
+      if constexpr (!kPublish) ptx::mbarrier_wait(q_full, q_round & 1);
       float sacc[kBlockN / 2];
       uint32_t pfrag[kBlockN / 16][4];
       float correction[2];
@@ -442,6 +465,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
       for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
       ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[last]));
       kv_iter += num_tiles;
+      if constexpr (!kPublish) ++q_round;
     }
 
     // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse; a

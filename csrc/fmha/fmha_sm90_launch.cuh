@@ -23,25 +23,27 @@ namespace dsv4 {
 // Equal work tiles (dense, non-causal, no window) take the static persistent grid: it overlaps
 // each CTA's next Q load with its last PV and epilogue (non-causal 1k: +14% over one CTA per
 // tile, 4k: +3-5%, 16k: +0-5%). Unequal ones (causal, windowed, varlen) take the dynamic
-// persistent grid, the costliest tiles first (causal 1k: +8-19%, 2k: +5-14%), except at head_dim
-// 256 with more than 2k keys, where one CTA per work tile measured 5% faster.
-// DSV4_FMHA_GRID=per_tile|persistent|dynamic overrides the choice, for tests and timing.
+// persistent grid, the costliest tiles first (causal 1k: +11-19%), where the kernel publishes
+// its work tiles (`publishes`: head_dim 64, and 128 with 128 keys per tile), and one CTA per
+// work tile elsewhere. DSV4_FMHA_GRID=per_tile|persistent|dynamic overrides the choice, for
+// tests and timing.
 enum class FmhaGrid { kPerTile, kPersistent, kDynamic };
 
-inline FmhaGrid fmha_grid(const FmhaCall& c) {
+inline FmhaGrid fmha_grid(const FmhaCall& c, bool publishes, int block_n) {
   if (const char* grid = std::getenv("DSV4_FMHA_GRID")) {
     if (std::strcmp(grid, "per_tile") == 0) return FmhaGrid::kPerTile;
     if (std::strcmp(grid, "persistent") == 0) return FmhaGrid::kPersistent;
-    if (std::strcmp(grid, "dynamic") == 0) return FmhaGrid::kDynamic;
+    if (std::strcmp(grid, "dynamic") == 0) {
+      TORCH_CHECK(publishes, "fmha: DSV4_FMHA_GRID=dynamic needs head_dim 64, or head_dim 128 ",
+                  "with 128 keys per tile; this call has head_dim ", c.head_dim, " and ",
+                  block_n, " keys per tile");
+      return FmhaGrid::kDynamic;
+    }
     TORCH_CHECK(false, "fmha: DSV4_FMHA_GRID must be per_tile, persistent or dynamic, got '",
                 grid, "'");
   }
   if (!c.varlen && !c.causal && c.window_left < 0) return FmhaGrid::kPersistent;
-  constexpr int64_t kMaxDynamicSeqlenKD256 = 2048;
-  if (!c.varlen && c.head_dim == 256 && c.seqlen_k > kMaxDynamicSeqlenKD256) {
-    return FmhaGrid::kPerTile;
-  }
-  return FmhaGrid::kDynamic;
+  return publishes ? FmhaGrid::kDynamic : FmhaGrid::kPerTile;
 }
 
 // Dense work order (decode_tile in fmha_sm90_kernel.cuh): how many (batch, head group) units
@@ -172,7 +174,7 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   }
 
   const int64_t num_work = int64_t(p.num_work) * p.num_splits;
-  const FmhaGrid grid_kind = fmha_grid(c);
+  const FmhaGrid grid_kind = fmha_grid(c, T::kPublishWorkTiles, kBlockN);
   const dim3 grid(static_cast<unsigned>(
       grid_kind == FmhaGrid::kPerTile ? num_work : std::min<int64_t>(num_work, num_sms)));
   at::Tensor tile_counter;  // alive until the kernel is queued
