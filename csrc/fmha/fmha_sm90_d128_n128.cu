@@ -1,5 +1,5 @@
-// The sm90 fmha kernel at head_dim 128 with 128 keys per tile (causal and windowed calls; see
-// fmha_d128_block_n), dense and varlen, in a translation unit of its own so that these four
+// The sm90 fmha kernel at head_dim 128 with 128 keys per tile (causal, windowed and varlen
+// calls; see fmha_d128_block_n), in a translation unit of its own so that these four
 // instantiations compile in parallel with the others.
 #include "fmha/fmha_sm90_launch.cuh"
 
