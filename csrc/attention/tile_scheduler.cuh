@@ -1,5 +1,6 @@
-// Which work tile a CTA of the sm90 attention kernels takes next (its producer thread draws it
-// and publishes the index to the consumers).
+// Which work tile a CTA of the sm90 attention kernels takes next. Its producer thread draws it;
+// under the dynamic grid only the producer knows the draw, so the kernel publishes the index to
+// its consumers (fmha: FmhaSm90Traits::kPublishWorkTiles).
 //
 // Three grids, the launcher's choice:
 //   one CTA per work tile   the hardware starts CTAs as SMs free up (in blockIdx order);
