@@ -187,6 +187,34 @@ def test_fmha_varlen_sm90_cuda_graph_replay_with_new_lengths(d):
         assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
 
 
+@pytest.mark.parametrize("d,hq,hkv,max_seqlen_k", [(64, 8, 8, 1 << 24), (128, 16, 4, 1 << 24),
+                                                  (256, 8, 2, 1 << 24), (128, 12, 6, 16384)])
+def test_fmha_varlen_sm90_head_sections(d, hq, hkv, max_seqlen_k):
+    """A varlen call walks each sequence's tiles in sections of whole KV heads whose K/V fit in
+    L2 at max_seqlen_k (fmha_section_units). A larger max_seqlen_k, still a valid bound, cuts
+    the heads into more sections: one KV head each at 1 << 24, and at 16384 with head_dim 128
+    3 of 6 KV heads (4 fit, 3 is the largest divisor of 6 that does). The answer must not
+    move, bitwise, and each sequence must match its dense call."""
+    gen = torch.Generator(device="cuda").manual_seed(d + hq)
+    lens = [1000, 0, 65, 3000, 7, 129]
+    q, k, v = _inputs(lens, lens, hq, hkv, d, torch.bfloat16, gen, k_is_v=False)
+    sinks = torch.randn(hq, generator=gen, device="cuda")
+    cu = _cu(lens)
+    kw = dict(causal=True, sinks=sinks, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=3000,
+              return_lse=True)
+    want = dsv4_attn.fmha(q, k, v, max_seqlen_k=3000, **kw)  # one section of every head
+    poison_allocator(2 * q.numel() * 4 + (1 << 20), "cuda")
+    got = dsv4_attn.fmha(q, k, v, max_seqlen_k=max_seqlen_k, **kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    starts = cu.tolist()
+    for i in (0, 3, 5):
+        s, e = starts[i], starts[i + 1]
+        dense = dsv4_attn.fmha(q[s:e][None], k[s:e][None], v[s:e][None], causal=True,
+                               sinks=sinks, return_lse=True)
+        assert torch.equal(got[0][s:e], dense[0][0]), f"sequence {i}"
+        assert torch.equal(got[1][:, s:e], dense[1][0]), f"sequence {i}"
+
+
 def test_fmha_varlen_sm90_many_sequences_longest_last():
     """More sequences than a CTA has threads (the schedule's scans run in chunks), the longest
     one last in cu_seqlens, against dense calls of each sequence."""

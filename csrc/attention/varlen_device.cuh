@@ -48,6 +48,27 @@ __device__ __forceinline__ void buckets_to_first_slots(int* bucket_next, int* wa
   bucket_next[lo] = before + count_hi;
 }
 
+// Writes every b in [0, batch) into order, the highest cost(b) first: a counting sort into
+// kVarlenCostBuckets buckets, costs clamped into them, ties in atomic order. Every thread of
+// the CTA calls it; order is visible to all of them when it returns.
+template <typename Cost>
+__device__ __forceinline__ void sort_most_first(int batch, const Cost& cost, int* bucket_next,
+                                                int* warp_sums, int* order) {
+  auto bucket = [&](int b) { return min(max(cost(b), 0), kVarlenCostBuckets - 1); };
+  for (int i = threadIdx.x; i < kVarlenCostBuckets; i += kVarlenScheduleThreads) bucket_next[i] = 0;
+  __syncthreads();
+  for (int b = threadIdx.x; b < batch; b += kVarlenScheduleThreads) {
+    atomicAdd(&bucket_next[bucket(b)], 1);
+  }
+  __syncthreads();
+  buckets_to_first_slots(bucket_next, warp_sums);
+  __syncthreads();
+  for (int b = threadIdx.x; b < batch; b += kVarlenScheduleThreads) {
+    order[atomicAdd(&bucket_next[bucket(b)], 1)] = b;
+  }
+  __syncthreads();
+}
+
 // The sequence that holds flat tile i: the last b with tile_start[b] <= i.
 __device__ __forceinline__ int sequence_of(const int* tile_start, int batch, int i) {
   int lo = 0, hi = batch - 1;

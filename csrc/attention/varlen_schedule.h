@@ -17,9 +17,10 @@ struct alignas(8) VarlenRows {
   int start, len;
 };
 
-// One query tile of one sequence; batch < 0 marks the unused slots after the last tile.
-struct alignas(8) VarlenTile {
-  int batch, m_block;
+// One query tile of one sequence, for a section of query heads that starts at head0 (fmha;
+// 0 where a tile holds every head); batch < 0 marks the unused slots after the last tile.
+struct alignas(16) VarlenTile {  // one 16-byte load
+  int batch, m_block, head0;
 };
 
 struct VarlenScheduleParams {
@@ -28,10 +29,12 @@ struct VarlenScheduleParams {
   int batch, total_q, total_k;
   int tokens_per_tile, keys_per_tile;  // the kernel's query tile and key tile
   int causal, window_left;             // for each tile's cost: the key tiles it sees
-  int capacity;                        // slots in `tiles` (varlen_tile_capacity)
+  int capacity;                        // query tiles at most (varlen_tile_capacity)
+  int head_sections, heads_per_section;  // each query tile once per section of query heads
   VarlenSequence* sequences;           // [batch]
-  int* tile_start;                     // [batch] scratch: each sequence's first tile
-  VarlenTile* tiles;                   // [capacity]: every query tile, the costliest first
+  int* order;                          // [batch] scratch: the sequences, the costliest first
+  int* sorted_start;                   // [batch] scratch: their first query tile in that order
+  VarlenTile* tiles;                   // [capacity * head_sections], in the order above
   const int* cu_seqlens_c;             // nullptr, or a third set of rows (batch + 1,), trusted
   int total_c;
   VarlenRows* rows_c;                  // [batch] when cu_seqlens_c is given

@@ -39,15 +39,18 @@ struct VarlenScheduleBuffers {
   const VarlenSequence* sequences = nullptr;
   const VarlenTile* tiles = nullptr;
   const VarlenRows* rows_c = nullptr;  // with cu_seqlens_c
-  int64_t capacity = 0;  // slots in tiles
+  int64_t capacity = 0;  // query tiles at most; tiles has capacity * head_sections slots
 };
 // cu_seqlens_c (optional, int32 like the others): a third set of rows per sequence.
+// head_sections: each query tile is listed once per section of heads_per_section query heads
+// (fmha; the default lists it once, for kernels whose tiles hold every head).
 VarlenScheduleBuffers build_varlen_schedule(const at::Tensor& cu_seqlens_q,
                                             const at::Tensor& cu_seqlens_k, int64_t total_q,
                                             int64_t total_k, int tokens_per_tile,
                                             int keys_per_tile, bool causal, int64_t window_left,
                                             const at::Tensor* cu_seqlens_c = nullptr,
-                                            int64_t total_c = 0);
+                                            int64_t total_c = 0, int head_sections = 1,
+                                            int heads_per_section = 0);
 
 // A varlen call's per-sequence plan (VarlenSequencePlanParams), built like the schedule above.
 struct VarlenSequencePlanBuffers {

@@ -120,8 +120,8 @@ struct FmhaSm90Traits {
 // lengths. Dense: sections of FmhaSm90Params::section_units (batch, head group) units whose
 // K/V fit in L2 together, so the CTAs running at the same time share them; within a section
 // the last query tiles (the ones that see the most keys under a causal mask) come first, the
-// section's units innermost. Varlen: the schedule's order (the costliest query tiles first),
-// each tile's heads consecutive.
+// section's units innermost. Varlen: the schedule's order (varlen_schedule.cuh: the costliest
+// sequences first, each one's tiles section by section), a section's heads consecutive.
 // Packed GQA (dense, FmhaSm90Params::pack_heads > 1): a tile's rows are pack_tokens tokens of
 // pack_heads query heads of one KV head, so decode and short queries read each K/V tile once
 // for the whole group instead of once per query head.
@@ -138,8 +138,10 @@ struct WorkTile {
 template <bool kVarlen>
 __device__ __forceinline__ WorkTile decode_tile(const FmhaSm90Params& p, int t) {
   if constexpr (kVarlen) {
-    const VarlenTile tile = p.varlen_tiles[t / p.heads_q];
-    WorkTile w{tile.m_block, t % p.heads_q, 0, 0, 0, 0, {0, 0, p.causal, p.window_left}};
+    const unsigned section_heads = p.section_units;
+    const VarlenTile tile = p.varlen_tiles[unsigned(t) / section_heads];
+    WorkTile w{tile.m_block, tile.head0 + int(unsigned(t) % section_heads), 0, 0, 0, 0,
+               {0, 0, p.causal, p.window_left}};
     if (tile.batch >= 0) {
       const VarlenSequence seq = p.varlen_sequences[tile.batch];
       w.q_start = seq.q_start;

@@ -46,19 +46,27 @@ inline FmhaGrid fmha_grid(const FmhaCall& c, bool publishes, int block_n) {
   return publishes ? FmhaGrid::kDynamic : FmhaGrid::kPerTile;
 }
 
-// Dense work order (decode_tile in fmha_sm90_kernel.cuh): how many (batch, head group) units
-// share a section, so that the K/V of the heads that concurrent CTAs work on fit in L2. Only
-// masked calls need the order across heads (their query tiles differ in cost); unmasked ones
-// keep one unit per section, each head's tiles together.
+// The work order's sections (decode_tile in fmha_sm90_kernel.cuh), so that the K/V of the heads
+// that concurrent CTAs work on fit in L2. Dense: how many (batch, head group) units share a
+// section; only masked calls need the order across heads (their query tiles differ in cost),
+// unmasked ones keep one unit per section, each head's tiles together. Varlen: query heads per
+// section, whole KV heads' groups dividing Hq, sized for the longest sequence (seqlen_k is
+// max_seqlen_k); each sequence's tiles are walked section by section.
 inline int fmha_section_units(const FmhaCall& c, int pack_heads, int64_t element_size) {
-  if (!c.causal && c.window_left < 0) return 1;
   constexpr int64_t kL2Budget = 32 << 20;  // bytes of K/V in flight (H100: 50 MB of L2)
   const int64_t kv_head_bytes = 2 * c.seqlen_k * c.head_dim * element_size;
-  const int64_t units_per_kv_head = std::max<int64_t>(1, c.heads_q / c.heads_kv / pack_heads);
+  const int64_t kv_heads_in_l2 =
+      std::max<int64_t>(1, kL2Budget / std::max<int64_t>(1, kv_head_bytes));
+  const int64_t group = c.heads_q / std::max<int64_t>(1, c.heads_kv);
+  if (c.varlen) {
+    int64_t kv_heads = std::max<int64_t>(1, std::min(c.heads_kv, kv_heads_in_l2));
+    while (c.heads_kv % kv_heads != 0) --kv_heads;
+    return static_cast<int>(kv_heads * group);
+  }
+  if (!c.causal && c.window_left < 0) return 1;
+  const int64_t units_per_kv_head = std::max<int64_t>(1, group / pack_heads);
   const int64_t units = c.batch * c.heads_q / pack_heads;
-  return static_cast<int>(std::min(
-      units, std::max<int64_t>(1, kL2Budget / std::max<int64_t>(1, kv_head_bytes)) *
-                 units_per_kv_head));
+  return static_cast<int>(std::min(units, kv_heads_in_l2 * units_per_kv_head));
 }
 
 // Packed GQA (dense calls): the query heads that share a KV head fill a work tile's rows, so
@@ -147,7 +155,8 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   VarlenScheduleBuffers schedule;     // alive until the kernel is queued
   if constexpr (kVarlen) {
     schedule = build_varlen_schedule(*c.cu_seqlens_q, *c.cu_seqlens_k, c.q.size(0), c.k.size(0),
-                                     T::kBlockM, T::kBlockN, c.causal, c.window_left);
+                                     T::kBlockM, T::kBlockN, c.causal, c.window_left, nullptr, 0,
+                                     p.heads_q / p.section_units, p.section_units);
     p.batch = 1;
     p.seqlen_q = static_cast<int>(c.q.size(0));
     p.seqlen_k = static_cast<int>(c.k.size(0));

@@ -34,8 +34,9 @@ struct FmhaSm90Params {
   float* o_partial;
   float* lse_partial;
   int* tile_counter;   // dynamic persistent grid (attention/tile_scheduler.cuh); nullptr: static
-  // Dense work order: sections of section_units (batch, head group) pairs, whose K/V fit in L2
-  // together; within a section the last query tiles (under a causal mask the costliest) first.
+  // Work order, in sections whose K/V fit in L2 together. Dense: sections of section_units
+  // (batch, head group) pairs, within one the last query tiles (under a causal mask the
+  // costliest) first. Varlen: section_units query heads per schedule slot (VarlenTile::head0).
   int section_units;
   float scale_log2;    // scale * log2(e), > 0
   int causal;          // bottom-right aligned

@@ -158,7 +158,8 @@ enum Mqa512Barrier : uint32_t {
 // Work tile t -> its tokens, heads, KV head and split, and its sequence's rows and lengths.
 // Dense: the query tiles of one (batch, KV head, head block) are consecutive, so CTAs running
 // together share that KV head's keys in L2; the last query tile (the most keys under a causal
-// mask) comes first. Varlen: the schedule's order (costliest first).
+// mask) comes first. Varlen: the schedule's order (the costliest sequences first, each one's
+// tiles together, the last first).
 struct Mqa512WorkTile {
   int tok0, head0, kv_head, batch, split;
   int q_start, k_start;  // the sequence's first row of q/out and of kv (0 for dense)
