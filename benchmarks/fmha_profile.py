@@ -1,8 +1,8 @@
 """One profiled call of dsv4_attn.fmha and one of FlashAttention-3 on the same inputs, for Nsight
 Compute: which of the two kernels spends what where. A tool for choosing, not a test.
 
-    ncu --profile-from-start off --kernel-name regex:"fmha_sm90_kernel|FlashAttnFwd" \\
-        --section SpeedOfLight --section WarpStateStats ... -o prof \\
+    ncu --profile-from-start off --kernel-name-base demangled \\
+        --kernel-name regex:"fmha_sm90_kernel|FlashAttnFwdSm90" --set full -o prof \\
         python benchmarks/fmha_profile.py --batch 4 --seq 4096 --heads 16 --dim 128 --causal 0
 
     ncu --import prof.ncu-rep --page details --csv > details.csv
