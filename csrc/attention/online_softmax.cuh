@@ -69,9 +69,21 @@ __device__ __forceinline__ void exp2_scores(float (&sacc)[kCols / 2], float scal
   }
 }
 
-// Folds a score tile (masked entries at -inf) into the running max and sum of the thread's two
-// rows, turns the scores into 2^(x - max), and sets correction[i], the factor the rows of O
-// must be multiplied by before this tile's P V is added.
+// How far (log2 units) a score may exceed its row's reference max before raise_lazily raises
+// the reference: P stays below 2^8, well inside bf16, fp16 and fp32.
+constexpr float kLazyMaxSlack = 8.f;
+
+// The reference max a row's scores are exponentiated against, raised only when a new score
+// (log2 domain) exceeds it by more than `slack`: the exponentials then stay below 2^slack (exact
+// math: O, the sum and the lse all use the same reference), and most tiles need no rescale.
+__device__ __forceinline__ float raise_lazily(float reference, float score, float slack) {
+  return score > reference + slack ? score : reference;
+}
+
+// Folds a score tile (masked entries at -inf) into the reference max (raised lazily) and the
+// sum of the thread's two rows, turns the scores into 2^(x - reference), and sets
+// correction[i], the factor the rows of O must be multiplied by before this tile's P V is
+// added: exactly 1 when the reference stays (rescale_rows_unless_one then skips the rescale).
 template <int kCols>
 __device__ __forceinline__ void online_softmax_update(float (&sacc)[kCols / 2], float scale_log2,
                                                       float (&row_max)[2], float (&row_sum)[2],
@@ -80,10 +92,11 @@ __device__ __forceinline__ void online_softmax_update(float (&sacc)[kCols / 2], 
   row_max_scores<kCols>(sacc, mx);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float new_max = fmaxf(row_max[i], mx[i] * scale_log2);
-    base[i] = softmax_base(new_max);
-    correction[i] = ptx::exp2_approx(row_max[i] - base[i]);
-    row_max[i] = new_max;
+    const float reference = raise_lazily(row_max[i], mx[i] * scale_log2, kLazyMaxSlack);
+    base[i] = softmax_base(reference);
+    correction[i] =
+        reference == row_max[i] ? 1.f : ptx::exp2_approx(row_max[i] - base[i]);
+    row_max[i] = reference;
   }
   exp2_scores<kCols>(sacc, scale_log2, base, sum);
 #pragma unroll
@@ -124,13 +137,6 @@ __device__ __forceinline__ void rescale_rows_unless_one(float (&o)[kCols / 2],
                                                         const float (&correction)[2]) {
   if (__all_sync(0xffffffff, correction[0] == 1.f && correction[1] == 1.f)) return;
   rescale_rows<kCols>(o, correction);
-}
-
-// The reference max a row's scores are exponentiated against, raised only when a new score
-// (log2 domain) exceeds it by more than `slack`: the exponentials then stay below 2^slack (exact
-// math: O, the sum and the lse all use the same reference), and most tiles need no rescale.
-__device__ __forceinline__ float raise_lazily(float reference, float score, float slack) {
-  return score > reference + slack ? score : reference;
 }
 
 // A row's sum from this thread's partial sum: added up across the quad.

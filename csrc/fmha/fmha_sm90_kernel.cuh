@@ -11,8 +11,9 @@
 //   warpgroup 0, thread 0  producer: issues every TMA load, then idles (24 registers).
 //   warpgroups 1..C        consumers (C = 2, or 3 at head_dim 64), 64 query rows each, with
 //                          240 (C = 2) or 160 (C = 3) registers: S = Q K^T (wgmma, both
-//                          operands in shared memory), online softmax in registers, O += P V
-//                          (wgmma, P from registers). Each warpgroup overlaps the softmax of
+//                          operands in shared memory), online softmax in registers (its
+//                          reference max raised lazily, so most tiles skip O's rescale),
+//                          O += P V (wgmma, P from registers). Each warpgroup overlaps the softmax of
 //                          tile j with the PV wgmma of tile j-1 (QK^T of tile j is issued
 //                          first, then PV of j-1; wait_group 1 releases S_j alone), and the
 //                          warpgroups take turns issuing wgmmas (pingpong, named barriers), so
@@ -451,7 +452,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
   #pragma unroll
         for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
         ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[prev]));
-        rescale_rows<kHeadDim>(o, correction);
+        rescale_rows_unless_one<kHeadDim>(o, correction);
         scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
       }
 

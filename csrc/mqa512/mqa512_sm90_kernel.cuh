@@ -294,9 +294,6 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
                        const __grid_constant__ CUtensorMap tmap_c, const Mqa512Sm90Params p) {
   using T = Mqa512Sm90Traits<Element>;
   constexpr int kBlockN = T::kBlockN, kColBlocks = T::kColBlocks, kHalf = T::kHalfBlocks;
-  // The reference max is raised only past this margin (log2 units): P stays below 2^8, and
-  // most pairs rescale neither O nor P (raise_lazily).
-  constexpr float kMaxSlack = 8.f;
   const float neg_inf = __int_as_float(0xff800000);
 
   // Aligned by offsetting the __shared__ array itself (not through an integer), so the
@@ -689,7 +686,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           row_max_scores<kBlockN>(sacc, mx);
           float m_new[2];
 #pragma unroll
-          for (int i = 0; i < 2; ++i) m_new[i] = raise_lazily(m_run[i], mx[i] * p.scale_log2, kMaxSlack);
+          for (int i = 0; i < 2; ++i) m_new[i] = raise_lazily(m_run[i], mx[i] * p.scale_log2, kLazyMaxSlack);
           publish(s.row_max[0], m_new, kMax0Ready);
           adopt_max(m_new, base, factor);
           exp2_scores<kBlockN>(sacc, p.scale_log2, base, sum);
@@ -763,7 +760,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
           float m_new[2];
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            m_new[i] = raise_lazily(s.row_max[0][frag_row + 8 * i], mx[i] * p.scale_log2, kMaxSlack);
+            m_new[i] = raise_lazily(s.row_max[0][frag_row + 8 * i], mx[i] * p.scale_log2, kLazyMaxSlack);
           }
           publish(s.row_max[1], m_new, kMax1Ready);
           adopt_max(m_new, base, factor);
