@@ -7,7 +7,7 @@ error-prone by hand. Run `python scripts/gen_wgmma.py` after changing the shapes
 import os
 
 SHAPES_N = (64, 128, 256)  # PV: N = head_dim; QK^T: N = keys per tile
-SS_EXTRA_N = (176,)         # QK^T only
+SS_EXTRA_N = (80, 176)      # QK^T only
 SS_MN_MAJOR_B_N = (256,)    # head_dim 512 PV with P from shared memory: B read MN-major
 RS_K_MAJOR_B_N = (64,)      # chunked GLA: B read K-major (kTransB = 0)
 TYPES = (("bf16", "__nv_bfloat16"), ("f16", "__half"))

@@ -359,7 +359,7 @@ def test_fmha_sm90_grid_bad_override(monkeypatch):
     q = torch.randn(1, 64, 2, 256, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="DSV4_FMHA_GRID=dynamic needs head_dim 64, or "
                                            "head_dim 128 with 128 keys per tile; this call "
-                                           "has head_dim 256 and 64 keys per tile"):
+                                           "has head_dim 256 and 80 keys per tile"):
         dsv4_attn.fmha(q, q, q)
 
 

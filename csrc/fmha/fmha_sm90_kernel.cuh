@@ -72,8 +72,10 @@
 namespace dsv4 {
 
 // kBlockN_, keys per tile, is the launcher's (dispatch in fmha_sm90_launch.cuh): 128 at
-// head_dim 64; at 128, 176 for full rows and 128 under a causal mask or a window; 64 at 256,
-// where the O accumulator takes 128 registers and 80 keys per tile spill (ptxas).
+// head_dim 64; at 128, 176 for full rows and 128 under a causal mask or a window; 80 at 256,
+// where the O accumulator takes 128 registers (80 keys spilled in an earlier version of the
+// consumers and fit now, 0 spills; 80 against 64 measured +2-15% on every head_dim-256 row,
+// benchmarks/NOTES.md).
 template <typename Element, int kHeadDim, int kBlockN_>
 struct FmhaSm90Traits {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim 64/128/256");

@@ -217,8 +217,8 @@ void dispatch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
                     : launch<__half, 128, 176, false>(c, out, lse);
       }
     case 256:
-      return bf16 ? launch<__nv_bfloat16, 256, 64, kVarlen>(c, out, lse)
-                  : launch<__half, 256, 64, kVarlen>(c, out, lse);
+      return bf16 ? launch<__nv_bfloat16, 256, 80, kVarlen>(c, out, lse)
+                  : launch<__half, 256, 80, kVarlen>(c, out, lse);
     default:
       TORCH_CHECK(false, "fmha: the sm90 kernel has no head_dim ", c.head_dim);
   }
