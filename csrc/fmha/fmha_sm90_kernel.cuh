@@ -327,26 +327,29 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
 
   const uint32_t q_base = ptx::smem_addr(&s.q[0][wg * 64][0]);
 
-  // S = Q K^T for the tile in `stage` (issued, not waited on).
+  // S = Q K^T for the tile in `stage` (issued, not waited on). Each wgmma's descriptors step
+  // from the stage's (smem_desc_advance).
   auto issue_qk = [&](float (&sacc)[kBlockN / 2], int stage) {
-    const uint32_t k_base = ptx::smem_addr(&s.k[stage][0][0][0]);
+    const uint64_t k_desc = ptx::smem_desc_sw128(ptx::smem_addr(&s.k[stage][0][0][0]), 0, 1024);
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb) {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
         const uint64_t da = ptx::smem_desc_sw128(q_base + cb * kBlockM * 128 + kk * 32, 0, 1024);
-        const uint64_t db = ptx::smem_desc_sw128(k_base + cb * kBlockN * 128 + kk * 32, 0, 1024);
-        ptx::WgmmaSS<kBlockN, Element>::run(sacc, da, db, (cb | kk) != 0);
+        ptx::WgmmaSS<kBlockN, Element>::run(
+            sacc, da, ptx::smem_desc_advance(k_desc, cb * kBlockN * 128 + kk * 32),
+            (cb | kk) != 0);
       }
     }
   };
   // O += P V for the tile in `stage`; V is read MN-major (head_dim contiguous).
   auto issue_pv = [&](const uint32_t (&pfrag)[kBlockN / 16][4], int stage) {
-    const uint32_t v_base = ptx::smem_addr(&s.v[stage][0][0][0]);
+    const uint64_t v_desc =
+        ptx::smem_desc_sw128(ptx::smem_addr(&s.v[stage][0][0][0]), kBlockN * 128, 1024);
 #pragma unroll
     for (int t = 0; t < kBlockN / 16; ++t) {
-      const uint64_t db = ptx::smem_desc_sw128(v_base + t * 16 * 128, kBlockN * 128, 1024);
-      ptx::WgmmaRS<kHeadDim, Element, 1>::run(o, pfrag[t], db, 1);
+      ptx::WgmmaRS<kHeadDim, Element, 1>::run(o, pfrag[t],
+                                              ptx::smem_desc_advance(v_desc, t * 16 * 128), 1);
     }
   };
   // Masks the tile starting at key n0 if it straddles a boundary, turns the scores into

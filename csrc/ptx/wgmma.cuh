@@ -23,6 +23,15 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t smem_addr, uint32_t
   return desc;
 }
 
+// The descriptor of the tile `bytes` further on in shared memory (same layout): one 32-bit add
+// on the start-address field, where building each descriptor afresh costs five instructions
+// (mask, shift, or, and the high word) per wgmma. No carry leaves the field: shared addresses
+// stay below 2^18 bytes, so (address >> 4) + (bytes >> 4) fits its 14 bits.
+__device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // wgmma.fence: order register writes (accumulators, A fragments) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
