@@ -5,18 +5,21 @@
 # (default ./out); a short summary is printed last.
 #   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-gla-bench] [--no-sanitizer] [--quick-bench]
 #                        [--tests "FILES"]   (only those test files: a development run, not a check)
+#                        [--no-tests]        (no tests: the benchmarks of a tree whose suite ran in
+#                                             an earlier call on the same build)
 # FlashAttention-3 joins bench_fmha and bench_dsv4 when .peers/fmha is carried, FlashQLA and fla
 # join bench_gla when .peers/gla is (see ../shared/peers/fetch.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-BENCH=1; FMHA_BENCH=1; GLA_BENCH=1; SANITIZE=1; BENCH_ARGS=(); TESTS=tests
+BENCH=1; FMHA_BENCH=1; GLA_BENCH=1; SANITIZE=1; BENCH_ARGS=(); TESTS=tests; RUN_TESTS=1
 while [ $# -gt 0 ]; do
   arg=$1; shift
   case "$arg" in
     --tests) TESTS=$1; shift ;;
     --no-bench) BENCH=0 ;;
+    --no-tests) RUN_TESTS=0 ;;
     --no-fmha-bench) FMHA_BENCH=0 ;;
     --no-gla-bench) GLA_BENCH=0 ;;
     --no-sanitizer) SANITIZE=0 ;;
@@ -25,6 +28,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ "$TESTS" = tests ] || echo "NOTE: only $TESTS (not the whole suite)"
+[ "$RUN_TESTS" = 1 ] || echo "NOTE: no tests in this call"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 declare -A STATUS
@@ -46,7 +50,7 @@ echo "$DEVICE"
 
 step build build.log env DSV4_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace || { echo "build failed"; tail -n 60 "$OUT/build.log"; exit 1; }
 # shellcheck disable=SC2086
-step tests pytest.log python3 -m pytest $TESTS -q --durations=15 -p no:cacheprovider
+[ "$RUN_TESTS" = 1 ] && step tests pytest.log python3 -m pytest $TESTS -q --durations=15 -p no:cacheprovider
 if [ "$SANITIZE" = 1 ]; then
   sanitize() {  # sanitize TOOL: every sanitizer script under one tool, into one log
     local rc=0 script
@@ -75,8 +79,12 @@ echo "================ summary ================"
 echo "$DEVICE"
 echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads'), serialized wgmma (C7510/C7515/C7520): $(grep -cE 'C75(10|15|20)' "$OUT/build.log")"
 [ "$TESTS" = tests ] || echo "tests: only $TESTS (not the whole suite)"
-grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
-grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -n 20
+if [ "$RUN_TESTS" = 1 ]; then
+  grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -n 20
+else
+  echo "tests: not run in this call"
+fi
 for name in build tests memcheck racecheck main bench_fmha bench_gla bench_dsv4; do
   [ -n "${STATUS[$name]+x}" ] && printf '%-10s %s\n' "$name" "${STATUS[$name]}"
 done
