@@ -94,8 +94,7 @@ __device__ __forceinline__ void online_softmax_update(float (&sacc)[kCols / 2], 
   for (int i = 0; i < 2; ++i) {
     const float reference = raise_lazily(row_max[i], mx[i] * scale_log2, kLazyMaxSlack);
     base[i] = softmax_base(reference);
-    correction[i] =
-        reference == row_max[i] ? 1.f : ptx::exp2_approx(row_max[i] - base[i]);
+    correction[i] = reference == row_max[i] ? 1.f : ptx::exp2_approx(row_max[i] - base[i]);
     row_max[i] = reference;
   }
   exp2_scores<kCols>(sacc, scale_log2, base, sum);

@@ -13,9 +13,9 @@
 //                          240 (C = 2) or 160 (C = 3) registers: S = Q K^T (wgmma, both
 //                          operands in shared memory), online softmax in registers (its
 //                          reference max raised lazily, so most tiles skip O's rescale),
-//                          O += P V (wgmma, P from registers). Each warpgroup overlaps the softmax of
-//                          tile j with the PV wgmma of tile j-1 (QK^T of tile j is issued
-//                          first, then PV of j-1; wait_group 1 releases S_j alone), and the
+//                          O += P V (wgmma, P from registers). Each warpgroup overlaps the
+//                          softmax of tile j with the PV wgmma of tile j-1 (QK^T of tile j is
+//                          issued first, then PV of j-1; wait_group 1 releases S_j alone), and the
 //                          warpgroups take turns issuing wgmmas (pingpong, named barriers), so
 //                          one's softmax overlaps another's GEMMs.
 //
