@@ -49,6 +49,21 @@ __device__ __forceinline__ void mask_outside(float (&sacc)[kCols / 2], const int
   }
 }
 
+// mask_outside with no lower bound (no window): one compare and select per score.
+template <int kCols>
+__device__ __forceinline__ void mask_from(float (&sacc)[kCols / 2], const int (&hi)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        if (8 * j + c >= hi[i]) sacc[4 * j + 2 * i + c] = __int_as_float(0xff800000);
+      }
+    }
+  }
+}
+
 // Scores -> 2^(s * scale_log2 - base[row]) in place; `sum` gets this thread's partial row sums.
 template <int kCols>
 __device__ __forceinline__ void exp2_scores(float (&sacc)[kCols / 2], float scale_log2,
