@@ -27,8 +27,8 @@
 //                   kPublishWorkTiles: the producer writes the round's work-tile index first,
 //                   and a tile that sees no key, or the index past the last that ends the
 //                   loop, takes a round too, with a plain arrive (the consumers read the index)
-//   q_empty         one lane per consumer warp arrives after its last QK^T of a work tile
-//                   (at once for a tile that sees no key)        -> producer waits before the
+//   q_empty         all consumer threads arrive after their last QK^T of a work tile (at
+//                   once for a tile that sees no key)            -> producer waits before the
 //                                                                   next index and Q
 //   k_full[s]       producer arrive.expect_tx(tile bytes) + TMA  -> consumers wait before QK^T
 //                   (in the steady state only consumer warpgroup 0: the others take their
@@ -99,7 +99,7 @@ struct FmhaSm90Traits {
   static constexpr bool kPublishWorkTiles = kHeadDim == 64 || (kHeadDim == 128 && kBlockN == 128);
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerThreads = 128 * kConsumers;
-  static constexpr int kConsumerWarps = 4 * kConsumers;  // the empty barriers' arrivals
+  static constexpr int kConsumerWarps = 4 * kConsumers;  // the K/V empty barriers' arrivals
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle atoms along head_dim
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
-    ptx::mbarrier_init(q_empty, T::kConsumerWarps);
+    ptx::mbarrier_init(q_empty, T::kConsumerThreads);
     for (int i = 0; i < kStages; ++i) {
       ptx::mbarrier_init(ptx::smem_addr(&s.k_full[i]), 1);
       ptx::mbarrier_init(ptx::smem_addr(&s.v_full[i]), 1);
@@ -379,8 +379,11 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
     online_softmax_update<kBlockN>(sacc, p.scale_log2, row_max, row_sum, correction);
   };
 
-  // The empty barriers count one arrival per consumer warp: a warp's wgmma reads of a buffer
-  // are complete once its lanes have passed the wait_group that they execute together.
+  // The K/V empty barriers count one arrival per consumer warp: a warp's wgmma reads of a
+  // buffer are complete once its lanes have passed the wait_group that they execute together.
+  // q_empty keeps one arrival per thread: every lane also reads the published work-tile index
+  // (a generic shared-memory read), and one lane's arrival would not order the others' reads
+  // before the producer rewrites it (compute-sanitizer racecheck reported exactly that).
   auto release = [&](uint32_t bar) {
     if (lane == 0) ptx::mbarrier_arrive(bar);
   };
@@ -433,7 +436,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
 
     // Intra-warpgroup overlap: while the softmax of tile j runs on the CUDA cores, the tensor
     // cores work on PV of tile j-1 (and had QK^T of tile j issued just before it).
-    if (kPublish && num_tiles == 0) release(q_empty);  // Q was not loaded
+    if (kPublish && num_tiles == 0) ptx::mbarrier_arrive(q_empty);  // Q was not loaded
     if (num_tiles > 0) {
       if constexpr (!kPublish) ptx::mbarrier_wait(q_full, q_round & 1);
       float sacc[kBlockN / 2];
@@ -451,7 +454,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
   #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
       release(ptx::smem_addr(&s.k_empty[first]));
-      if (num_tiles == 1) release(q_empty);  // last read of Q in this work tile
+      if (num_tiles == 1) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
       softmax(sacc, tiles.first * kBlockN, correction, true);  // O is still 0: no rescale
       scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
 
@@ -475,7 +478,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
   #pragma unroll
         for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
         release(ptx::smem_addr(&s.k_empty[stage]));
-        if (it == num_tiles - 1) release(q_empty);  // last read of Q
+        if (it == num_tiles - 1) ptx::mbarrier_arrive(q_empty);  // last read of Q
         softmax(sacc, (tiles.first + it) * kBlockN, correction, masked);
         ptx::wgmma_wait<0>();
   #pragma unroll
