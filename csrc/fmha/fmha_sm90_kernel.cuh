@@ -213,8 +213,8 @@ __device__ __forceinline__ void mask_key_tile(const Keys& keys, const KeyTiles& 
     lo[i] = span.lo - n0 - col_lane;
     hi[i] = span.hi - n0 - col_lane;
   }
-  if (keys.window_left < 0) {
-    mask_from<kBlockN>(sacc, hi);  // without a window every row sees the tile's first keys
+  if (keys.window_left < 0) {  // without a window every row sees the tile's first keys
+    mask_outside<kBlockN, false>(sacc, lo, hi);
   } else {
     mask_outside<kBlockN>(sacc, lo, hi);
   }
