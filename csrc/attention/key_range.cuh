@@ -52,6 +52,21 @@ __device__ __forceinline__ bool key_tile_needs_mask(const Params& p, const KeyTi
          (p.window_left >= 0 && n0 < tiles.pos_hi - p.window_left);
 }
 
+// The key tiles of `tiles` that need no mask (key_tile_needs_mask false) as [lo, hi) tile
+// indices within [tiles.first, tiles.end]: every key of such a tile lies below the first key
+// the first row cannot see (causal, past Sk) and at or above the keys the last row's window
+// drops.
+template <typename Params>
+__device__ __forceinline__ KeySpan mask_free_key_tiles(const Params& p, const KeyTiles& tiles,
+                                                       int block_n) {
+  const int seen_by_all_hi = p.causal ? min(p.seqlen_k, tiles.pos_lo + 1) : p.seqlen_k;
+  const int seen_by_all_lo = p.window_left >= 0 ? tiles.pos_hi - p.window_left : 0;
+  const int lo_tile = seen_by_all_lo > 0 ? (seen_by_all_lo + block_n - 1) / block_n : 0;
+  const int hi_tile = seen_by_all_hi > 0 ? seen_by_all_hi / block_n : 0;
+  const int lo = min(max(tiles.first, lo_tile), tiles.end);
+  return {lo, max(lo, min(tiles.end, hi_tile))};
+}
+
 // Split-KV (csrc/attention/split_kv.h): the tiles [begin, end) of a work tile's num_tiles key
 // tiles that split `split` of num_splits visits; equal ranges, the last ones possibly empty.
 struct SplitRange {

@@ -32,8 +32,8 @@ __device__ __forceinline__ void row_max_scores(const float (&sacc)[kCols / 2], f
 
 // Sets to -inf the scores of row i's keys outside [lo[i], hi[i]), both counted from this
 // thread's first column (the tile's first key + 2 (lane % 4)): one compare and select per
-// score, no branches.
-template <int kCols>
+// bound and score, no branches. kLowerBound = false drops the lower bound (no window).
+template <int kCols, bool kLowerBound = true>
 __device__ __forceinline__ void mask_outside(float (&sacc)[kCols / 2], const int (&lo)[2],
                                              const int (&hi)[2]) {
 #pragma unroll
@@ -43,7 +43,9 @@ __device__ __forceinline__ void mask_outside(float (&sacc)[kCols / 2], const int
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int col = 8 * j + c;
-        if (col < lo[i] || col >= hi[i]) sacc[4 * j + 2 * i + c] = __int_as_float(0xff800000);
+        if ((kLowerBound && col < lo[i]) || col >= hi[i]) {
+          sacc[4 * j + 2 * i + c] = __int_as_float(0xff800000);
+        }
       }
     }
   }

@@ -31,9 +31,11 @@
 //                   once for a tile that sees no key)            -> producer waits before the
 //                                                                   next index and Q
 //   k_full[s]       producer arrive.expect_tx(tile bytes) + TMA  -> consumers wait before QK^T
-//   k_empty[s]      all consumer threads arrive after QK^T       -> producer waits before reuse
+//                   (in the steady state only consumer warpgroup 0: the others take their
+//                   turn after it, as in FlashAttention-3)
+//   k_empty[s]      one lane per consumer warp arrives after QK^T -> producer waits before reuse
 //   v_full[s]       as k_full, for V                             -> consumers wait before PV
-//   v_empty[s]      all consumer threads arrive after PV         -> producer waits before reuse
+//   v_empty[s]      one lane per consumer warp arrives after PV  -> producer waits before reuse
 // The producer waits on empty barriers with the opposite parity, so its first pass never
 // blocks; it runs up to kStages tiles ahead, overlapping the loads of tile j+1 with compute on
 // tile j. Both roles count ring positions (kv_iter) and Q rounds (q_round) across work tiles;
@@ -47,8 +49,10 @@
 // num_splits ranges (work = tile * num_splits + split); a split writes fp32 partial rows and
 // their lse, and the combine kernel (csrc/attention/split_kv_combine.cuh) folds in the sink.
 // Masking: key tiles that no row of the CTA can see (causal, window, past Sk) are never
-// loaded; only tiles that straddle a boundary are masked element by element. Rows that see
-// nothing end with out = 0 and lse = -inf, or the sink-only value when a sink is given.
+// loaded; only tiles that straddle a boundary are masked element by element (at head_dim >=
+// 128 the tiles every row sees whole run a loop of their own, without the per-tile test).
+// Rows that see nothing end with out = 0 and lse = -inf, or the sink-only value when a sink
+// is given.
 #pragma once
 
 #include <cuda.h>
@@ -86,12 +90,16 @@ struct FmhaSm90Traits {
   static constexpr int kBlockN = kBlockN_;
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "keys per tile: a multiple of 16, <= 256");
   static constexpr int kStages = 2;
+  // Whether the key tiles that need no mask run a loop of their own, without the per-tile
+  // test. At head_dim 64 (three consumers, 160 registers) the split measured 3-5% slower.
+  static constexpr bool kSplitMaskLoop = kHeadDim >= 128;
   // Whether the producer publishes each work tile's index (attention/tile_scheduler.cuh), which
   // the dynamic grid needs. The consumers' register allocation then changes: measured 5-10%
   // slower at 176 keys (head_dim 128) and at head_dim 256, so those take static grids only.
   static constexpr bool kPublishWorkTiles = kHeadDim == 64 || (kHeadDim == 128 && kBlockN == 128);
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kConsumerWarps = 4 * kConsumers;  // the K/V empty barriers' arrivals
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle atoms along head_dim
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -205,7 +213,11 @@ __device__ __forceinline__ void mask_key_tile(const Keys& keys, const KeyTiles& 
     lo[i] = span.lo - n0 - col_lane;
     hi[i] = span.hi - n0 - col_lane;
   }
-  mask_outside<kBlockN>(sacc, lo, hi);
+  if (keys.window_left < 0) {  // without a window every row sees the tile's first keys
+    mask_outside<kBlockN, false>(sacc, lo, hi);
+  } else {
+    mask_outside<kBlockN>(sacc, lo, hi);
+  }
 }
 
 template <typename Element, int kHeadDim, int kBlockN_, bool kVarlen>
@@ -232,8 +244,8 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
     for (int i = 0; i < kStages; ++i) {
       ptx::mbarrier_init(ptx::smem_addr(&s.k_full[i]), 1);
       ptx::mbarrier_init(ptx::smem_addr(&s.v_full[i]), 1);
-      ptx::mbarrier_init(ptx::smem_addr(&s.k_empty[i]), T::kConsumerThreads);
-      ptx::mbarrier_init(ptx::smem_addr(&s.v_empty[i]), T::kConsumerThreads);
+      ptx::mbarrier_init(ptx::smem_addr(&s.k_empty[i]), T::kConsumerWarps);
+      ptx::mbarrier_init(ptx::smem_addr(&s.v_empty[i]), T::kConsumerWarps);
     }
     ptx::fence_barrier_init();
   }
@@ -310,7 +322,11 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
 
   // -------------------------------------------------------------------- consumers
   ptx::setmaxnreg_inc<T::kConsumerRegs>();
-  const int wg = warpgroup - 1;
+  // Broadcast from lane 0, which ptxas treats as warp-uniform: the Q descriptors, barrier
+  // addresses and ring arithmetic then stay in uniform registers (SASS per mask-free key tile at
+  // head_dim 128 / 128 keys: 561 -> 488 instructions, 17 R2UR -> 0; FlashAttention-3 does the
+  // same and runs 469).
+  const int wg = __shfl_sync(0xffffffff, warpgroup - 1, 0);
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   // Accumulator fragment: this thread holds rows r and r + 8 of the warpgroup's 64 rows, and
   // in each 8-column group j the columns 8j + 2 (lane % 4) + {0, 1}:
@@ -352,16 +368,28 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
                                               ptx::smem_desc_advance(v_desc, t * 16 * 128), 1);
     }
   };
-  // Masks the tile starting at key n0 if it straddles a boundary, turns the scores into
-  // exponentials (log2 domain; the scale folds into one FMA) and sets the per-row factor that
-  // O must be multiplied by once the previous PV has landed.
-  auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2]) {
-    if constexpr (kVarlen) {
-      mask_key_tile<kBlockN, false>(shape, tiles, token0, kBlockM, col_lane, n0, sacc);
-    } else {
-      mask_key_tile<kBlockN, true>(p, tiles, row0, p.pack_tokens, col_lane, n0, sacc);
+  // Masks the tile starting at key n0 if `masked` and it straddles a boundary, turns the
+  // scores into exponentials (log2 domain; the scale folds into one FMA) and sets the per-row
+  // factor that O must be multiplied by once the previous PV has landed.
+  auto softmax = [&](float (&sacc)[kBlockN / 2], int n0, float (&correction)[2],
+                     bool masked) {
+    if (masked) {
+      if constexpr (kVarlen) {
+        mask_key_tile<kBlockN, false>(shape, tiles, token0, kBlockM, col_lane, n0, sacc);
+      } else {
+        mask_key_tile<kBlockN, true>(p, tiles, row0, p.pack_tokens, col_lane, n0, sacc);
+      }
     }
     online_softmax_update<kBlockN>(sacc, p.scale_log2, row_max, row_sum, correction);
+  };
+
+  // The K/V empty barriers count one arrival per consumer warp: a warp's wgmma reads of a
+  // buffer are complete once its lanes have passed the wait_group that they execute together.
+  // q_empty keeps one arrival per thread: every lane also reads the published work-tile index
+  // (a generic shared-memory read), and one lane's arrival would not order the others' reads
+  // before the producer rewrites it (compute-sanitizer racecheck reported exactly that).
+  auto release = [&](uint32_t bar) {
+    if (lane == 0) ptx::mbarrier_arrive(bar);
   };
 
   // Pingpong: consumer warpgroups take turns to issue their wgmmas (round robin through named
@@ -429,37 +457,50 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
       ptx::wgmma_wait<0>();
   #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[first]));
+      release(ptx::smem_addr(&s.k_empty[first]));
       if (num_tiles == 1) ptx::mbarrier_arrive(q_empty);  // last read of Q in this work tile
-      softmax(sacc, tiles.first * kBlockN, correction);  // O is still 0: no rescale
+      softmax(sacc, tiles.first * kBlockN, correction, true);  // O is still 0: no rescale
       scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
 
-      for (int it = 1; it < num_tiles; ++it) {
+      // One steady-state key tile: QK^T of tile it and PV of tile it-1 issued, then the softmax
+      // of tile it. `masked`: whether the tile may straddle a boundary (tested at run time).
+      auto step = [&](int it, bool masked) {
         const int cur = kv_iter + it;
         const int stage = cur % kStages, prev = (cur - 1) % kStages;
         const uint32_t phase = (cur / kStages) & 1, prev_phase = ((cur - 1) / kStages) & 1;
-        ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), phase);
-        ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[prev]), prev_phase);
+        if (wg == 0) ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), phase);
         wait_turn();
         ptx::wgmma_fence();
         issue_qk(sacc, stage);
         ptx::wgmma_commit();
+        if (wg == 0) ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[prev]), prev_phase);
+        ptx::wgmma_fence();  // without it ptxas serializes the wgmmas around the wait (C7520)
         issue_pv(pfrag, prev);
         ptx::wgmma_commit();
         pass_turn();
         ptx::wgmma_wait<1>();  // QK^T of tile it has landed; PV of tile it-1 may still run
   #pragma unroll
         for (int i = 0; i < kBlockN / 2; ++i) ptx::fence_operand(sacc[i]);
-        ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
+        release(ptx::smem_addr(&s.k_empty[stage]));
         if (it == num_tiles - 1) ptx::mbarrier_arrive(q_empty);  // last read of Q
-        softmax(sacc, (tiles.first + it) * kBlockN, correction);
+        softmax(sacc, (tiles.first + it) * kBlockN, correction, masked);
         ptx::wgmma_wait<0>();
   #pragma unroll
         for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
-        ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[prev]));
+        release(ptx::smem_addr(&s.v_empty[prev]));
         rescale_rows_unless_one<kHeadDim>(o, correction);
         scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
+      };
+      int it = 1;
+      if constexpr (T::kSplitMaskLoop) {  // the tiles every row sees whole: no mask test
+        const KeySpan free = kVarlen ? mask_free_key_tiles(shape, tiles, kBlockN)
+                                     : mask_free_key_tiles(p, tiles, kBlockN);
+        const int free_lo = max(free.lo - tiles.first, 1);
+        const int free_hi = max(free.hi - tiles.first, free_lo);
+        for (; it < free_lo; ++it) step(it, true);
+        for (; it < free_hi; ++it) step(it, false);
       }
+      for (; it < num_tiles; ++it) step(it, true);
 
       const int last_iter = kv_iter + num_tiles - 1, last = last_iter % kStages;
       ptx::mbarrier_wait(ptx::smem_addr(&s.v_full[last]), (last_iter / kStages) & 1);
@@ -471,7 +512,7 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
       ptx::wgmma_wait<0>();
   #pragma unroll
       for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.v_empty[last]));
+      release(ptx::smem_addr(&s.v_empty[last]));
       kv_iter += num_tiles;
       if constexpr (!kPublish) ++q_round;
     }
