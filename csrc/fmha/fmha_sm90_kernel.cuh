@@ -509,10 +509,6 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
       issue_pv(pfrag, last);
       ptx::wgmma_commit();
       pass_turn();
-      ptx::wgmma_wait<0>();
-  #pragma unroll
-      for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
-      release(ptx::smem_addr(&s.v_empty[last]));
       kv_iter += num_tiles;
       if constexpr (!kPublish) ++q_round;
     }
@@ -520,6 +516,8 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
     // ---- epilogue: finish the row sums, fold in the sink, normalise, store out and lse; a
     // split stores its normalised rows in fp32 and their lse without the sink instead. The
     // work tile is decoded again, so that its fields held no registers through the mainloop.
+    // Everything up to the stores needs only the row statistics, final since the last
+    // softmax: it runs while the last PV is in flight, and O is waited for just before them.
     constexpr float kLog2e = 1.4426950408889634f;
     const WorkTile w = decode_tile<kVarlen>(p, published_work());
     const int tokens = tile_tokens<kVarlen, kBlockM>(p);
@@ -534,40 +532,49 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
     }
     // (batch, token) -> the row of q/out in the tensors' (B * Sq) tokens.
     const size_t seq_row0 = static_cast<size_t>(w.batch) * p.seqlen_q + w.q_start;
-    if (!kVarlen && p.num_splits > 1) {  // rows of the split-major [splits][B * Sq * Hq] partials
+    const bool split_rows = !kVarlen && p.num_splits > 1;
+    float sink_log2[2];
+  #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      sink_log2[i] = p.sinks != nullptr && !split_rows ? p.sinks[head[i]] * kLog2e : neg_inf;
+    }
+    float inv[2], lse[2];  // a split's rows leave the sink to the combine
+  #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      finish_row(row_sum[i], row_max[i], p.sinks != nullptr && !split_rows, sink_log2[i], inv[i],
+                 lse[i]);
+    }
+    // The last PV (none is pending after a tile that saw no key). Unconditional: behind a
+    // branch, ptxas serializes every wgmma of the kernel (C7514).
+    ptx::wgmma_wait<0>();
+  #pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) ptx::fence_operand(o[i]);
+    if (num_tiles > 0) release(ptx::smem_addr(&s.v_empty[(kv_iter - 1) % kStages]));
+    if (split_rows) {  // rows of the split-major [splits][B * Sq * Hq] partials
       const size_t part0 = static_cast<size_t>(w.split) * p.batch * p.seqlen_q * p.heads_q;
   #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float inv, lse;
-        finish_row(row_sum[i], row_max[i], false, 0.f, inv, lse);
         if (token[i] < seqlen_q) {
           const size_t part_row = part0 + (seq_row0 + token[i]) * p.heads_q + head[i];
   #pragma unroll
           for (int j = 0; j < kHeadDim / 8; ++j) {
             *reinterpret_cast<float2*>(p.o_partial + part_row * kHeadDim + 8 * j + col_lane) =
-                make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+                make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
           }
-          if (lane % 4 == 0) p.lse_partial[part_row] = lse;
+          if (lane % 4 == 0) p.lse_partial[part_row] = lse[i];
         }
       }
       continue;
     }
     Element* out = static_cast<Element*>(p.out);
-    float sink_log2[2];  // both read before the first store: a load behind it waits for its drain
   #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      sink_log2[i] = p.sinks != nullptr ? p.sinks[head[i]] * kLog2e : neg_inf;
-    }
-  #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float inv, lse;
-      finish_row(row_sum[i], row_max[i], p.sinks != nullptr, sink_log2[i], inv, lse);
       const bool valid = token[i] < seqlen_q;
       const size_t row_offset = ((seq_row0 + token[i]) * p.heads_q + head[i]) * kHeadDim;
-      store_fragment_row<Element, kHeadDim>(o, i, inv, out + row_offset, valid, lane);
+      store_fragment_row<Element, kHeadDim>(o, i, inv[i], out + row_offset, valid, lane);
       if (valid && lane % 4 == 0) {
         p.lse[(static_cast<size_t>(w.batch) * p.heads_q + head[i]) * p.seqlen_q + w.q_start +
-              token[i]] = lse;
+              token[i]] = lse[i];
       }
     }
   }
