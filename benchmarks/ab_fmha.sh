@@ -13,7 +13,8 @@
 # build on PYTHONPATH) in alternating processes over two passes. Prints each row's TFLOP/s per
 # tree and pass, the best pass of each tree over the first's, and FA3's best rate when it
 # imports. Logs go to /tmp/ab_fmha. Environment: DIMS, SEQS, CAUSAL (fmha_variants' rows),
-# VARLEN=1 (bench_fmha's varlen batches as well), TESTS (pytest paths), JOBS (build jobs each).
+# VARLEN=1 (bench_fmha's varlen batches as well), TESTS (pytest paths), JOBS (build jobs each),
+# RACECHECK=1 (compute-sanitizer racecheck of scripts/sanitize_fmha.py per tree, ~40 s each).
 # A tool for choosing between builds, not a test.
 set -u
 [ $# -ge 2 ] || { echo "usage: $0 BASE_TREE TREE [TREE...] (names under .scratch/trees)"; exit 2; }
@@ -33,6 +34,11 @@ for t in "${@:2}"; do
   (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src timeout 300 python3 -m pytest -q -x \
      -p no:cacheprovider ${TESTS:-tests/test_fmha_sm90.py tests/test_fmha_varlen_sm90.py \
      tests/test_fmha.py} 2>&1 | tail -n 1 | sed "s/^/$t: /")
+  if [ "${RACECHECK:-0}" = 1 ]; then  # the same sanitizer step as gpu_check.sh, on this tree
+    (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src compute-sanitizer --tool racecheck \
+       --error-exitcode 3 python3 scripts/sanitize_fmha.py > "$LOGS/racecheck_$t.log" 2>&1
+     echo "$t: racecheck rc=$? $(grep -h 'RACECHECK SUMMARY' "$LOGS/racecheck_$t.log")")
+  fi
 done
 run_pass() {  # run_pass TAG [fmha_variants args...]
   local tag=$1 pass t
