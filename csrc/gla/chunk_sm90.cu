@@ -70,8 +70,8 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   p.state_map = walk.state_map;
   p.warmup = walk.warmup;
 
-  // (sequence, segment, v-head, half of V)
-  const dim3 grid(static_cast<unsigned>(c.num_seqs * walk.segments * c.heads_v * 2));
+  // (sequence, segment, v-head)
+  const dim3 grid(static_cast<unsigned>(c.num_seqs * walk.segments * c.heads_v));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tq, tk, tv, tt, to, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -110,7 +110,7 @@ int64_t chunk_segments(const ChunkCall& c) {
   // segment plus its warm-up; the exact combine costs 2 (GLA) or 3 (delta rule) walks of a
   // segment, so heads without decay lose only in the delta rule's two-segment case (measured
   // 1.33x at (1, 32768, 16, 32)).
-  const int64_t ctas = c.num_seqs * c.heads_v * 2;
+  const int64_t ctas = c.num_seqs * c.heads_v;
   const int64_t sms = device_info(c.q.get_device()).num_sms;
   if (ctas * 2 > sms) return 1;
   return std::max<int64_t>(1, std::min({sms / ctas, chunks / kMinSegmentChunks, most}));
@@ -166,7 +166,7 @@ bool chunk_sm90_covers(const ChunkCall& c) {
   if (c.dim_k != kDim || c.dim_v != kDim) return false;
   if (c.seqlen < 1 || c.num_seqs < 1) return false;  // nothing for a tensor map to describe
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
-  if (c.num_seqs * c.heads_v * 2 > kMaxInt || c.batch * c.seqlen > kMaxInt) return false;
+  if (c.num_seqs * c.heads_v > kMaxInt || c.batch * c.seqlen > kMaxInt) return false;
   // The inverse kernel's grid: one CTA per (chunk, v-head), at most T / 64 + N chunks.
   if ((c.batch * c.seqlen / 64 + c.num_seqs) * c.heads_v > kMaxInt) return false;
   return tma_compatible(c.q) && tma_compatible(c.k) && tma_compatible(c.v);

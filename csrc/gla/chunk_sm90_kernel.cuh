@@ -1,13 +1,14 @@
 // sm90a forward of chunk_gated_delta_rule and chunk_simple_gla (K = V = 128, 64-token chunks).
 //
-// One CTA owns one (sequence or segment of one, v-head, half of V) and walks its chunks in
-// order, keeping the state S (128 x 64, fp32) in registers the whole way; the only
-// intermediate in HBM is the delta rule's per-chunk T_u, from the parallel inverse kernel.
+// One CTA owns one (sequence or segment of one, v-head) and walks its chunks in order; each of
+// its two chain warpgroups keeps half of the state S (128 x 64 of 128 x 128, fp32) in registers
+// the whole way, and one prep warpgroup serves both. The only intermediate in HBM is the delta
+// rule's per-chunk T_u, from the parallel inverse kernel.
 // The state is kept transposed (S^T, v-columns as rows) so every product is a wgmma with M = 64
 // v-columns and the chain's operands come from registers or from tiles as TMA wrote them.
 // Roles (128 threads per warpgroup):
-//   warpgroup 0, warp 0  producer: TMA loads of the chunk's q, k (both halves of K), this
-//                        CTA's 64 columns of v (none for a state map) and, for the delta rule,
+//   warpgroup 0, warp 0  producer: TMA loads of the chunk's q, k (both halves of K), v as
+//                        two 64-column tiles (none for a state map) and, for the delta rule,
 //                        the chunk's ungated inverse T_u (csrc/gla/chunk_sm90_inverse.cuh,
 //                        run before this kernel); cp.async of g and beta (zero past the chunk).
 //   warpgroup 1          prep, everything that does not depend on S, up to two chunks ahead:
@@ -16,14 +17,16 @@
 //                        = Gamma . T_u, in place over T_u. With use_qk_l2norm_in_kernel it first
 //                        normalizes the stage's q and k rows in place, before anyone else reads
 //                        them (the chain waits for prep_full).
-//   warpgroup 2          chain, everything that depends on S (the serial part):
+//   warpgroups 2, 3      chains, v-columns 0-63 and 64-127, everything that depends on S (the
+//                        serial part):
 //                          X^T = S^T K^T and Y^T = S^T Q^T                (wgmma RS)
 //                          V_new^T = (beta (V - e^G X))^T T^T           (wgmma RS; GLA: V)
 //                          O^T = e^G Y^T + V_new^T P^T                  (wgmma RS)
 //                          S^T = e^G_last S^T + (w V_new)^T K,  w = e^(G_last - G)  (wgmma RS)
 //                        then S^T is packed to 16 bits in registers as the next chunk's A
-//                        operand, and O goes through a staging tile to HBM: one TMA store by
-//                        thread 0 for a whole chunk, coalesced stores for a partial one.
+//                        operand, and O goes through the chain's staging tile to HBM: one TMA
+//                        store by its thread 0 for a whole chunk, coalesced stores for a partial
+//                        one (always the walk's last).
 //                        A state-only pass (no o) skips Y, O and the prep's P, and so do
 //                        the warm-up chunks a segment may walk before its first token.
 // Gamma_ij = exp(G_i - G_j) is always computed pairwise, and only where it is selected.
@@ -32,6 +35,8 @@
 //   full[s]       producer arrive.expect_tx + TMA, and 32 cp.async arrivals  -> prep, chain
 //   prep_full[s]  every prep thread after its writes of stage s              -> chain
 //   empty[s]      every prep and chain thread after its last read of stage s -> producer
+// Registers: producer 24 + prep 104 + two chains at 192 fill the 64K of a 512-thread CTA
+// (ptxas, all four instantiations: no spills; at 184 the chain spills, at 88 the prep).
 // Tokens past a chunk's end have g = beta = 0 (zero-filled), so they neither decay nor write
 // the state, and their output rows are not stored; rows of the next varlen sequence that a TMA
 // box may bring in are thereby ignored.
@@ -58,23 +63,26 @@ template <typename Element>
 struct ChunkSm90Traits {
   static constexpr int kChunk = 64;   // tokens per chunk
   static constexpr int kDim = 128;    // K = V
-  static constexpr int kBlockV = 64;  // v-columns per CTA
+  static constexpr int kBlockV = 64;  // v-columns per chain warpgroup
+  static constexpr int kChains = kDim / kBlockV;  // chain warpgroups per CTA: a whole v-head
   static constexpr int kStages = 3;  // two left the chain waiting for loads and prep (6-9%)
-  static constexpr int kThreads = 384;
-  // setmaxnreg budget: 128 * (producer + prep + chain) <= 64K registers. Every warpgroup starts
-  // at the __launch_bounds__ cap of 168; the producer gives back what prep and chain take.
-  static constexpr uint32_t kLaunchRegs = 168;
-  static constexpr uint32_t kProducerRegs = 24, kPrepRegs = 200, kChainRegs = 240;
-  static_assert(128 * (kProducerRegs + kPrepRegs + kChainRegs) <= 65536, "register budget");
-  static_assert((kPrepRegs - kLaunchRegs) + (kChainRegs - kLaunchRegs) <=
-                    kLaunchRegs - kProducerRegs,
-                "prep and chain take only what the producer frees");
+  static constexpr int kThreads = 128 * (2 + kChains);
+  // setmaxnreg budget: 128 * (producer + prep + chains) <= 64K registers. Every warpgroup
+  // starts at the __launch_bounds__ cap of 128; producer and prep give back what the chains take.
+  static constexpr int kLaunchRegs = 65536 / kThreads;
+  static constexpr int kProducerRegs = 24, kPrepRegs = 104, kChainRegs = 192;
+  static_assert(128 * (kProducerRegs + kPrepRegs + kChains * kChainRegs) <= 65536,
+                "register budget");
+  static_assert(kPrepRegs <= kLaunchRegs && kChainRegs >= kLaunchRegs, "prep gives, chains take");
+  static_assert(kChains * (kChainRegs - kLaunchRegs) <=
+                    (kLaunchRegs - kProducerRegs) + (kLaunchRegs - kPrepRegs),
+                "the chains take only what the producer and prep free");
 
   // Every [64][64] tile is 1024-byte aligned and written with the 128-byte swizzle.
   struct alignas(1024) Stage {
     Element q[2][kChunk][64];  // [K half][token][64]
     Element k[2][kChunk][64];
-    Element v[kChunk][64];     // this CTA's v-columns
+    Element v[kChains][kChunk][64];  // [chain][token][its 64 v-columns]
     Element t[kChunk][64];     // T_u[i][j] as loaded, then T (delta rule)
     Element p[kChunk][64];     // P[i][j]
     float g[kChunk];           // raw gates, zero past the chunk
@@ -85,7 +93,9 @@ struct ChunkSm90Traits {
   };
   struct alignas(1024) SharedStorage {
     Stage stage[kStages];
-    Element o_stage[2][kChunk][64];  // [chunk parity][token][v-column]: o's TMA box, swizzled
+    // [chain][token][v-column]: o's TMA box, swizzled. One per chain (two would pass 227 KB):
+    // a chunk's TMA store has read it before the next chunk writes it.
+    Element o_stage[kChains][kChunk][64];
     uint64_t full[kStages], prep_full[kStages], empty[kStages];
   };
   static constexpr uint32_t kLoadBytes = sizeof(Stage::q) + sizeof(Stage::k) + sizeof(Stage::v);
@@ -112,12 +122,10 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(
       smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
-  // This CTA's (work item n: a sequence or a segment, v-head hv, v-half); the two halves of one
-  // head run side by side and share their q/k/v reads in L2. Varlen sequences go in the plan's
-  // order, the longest first.
-  const int half = blockIdx.x % 2;
-  const int hv = (blockIdx.x / 2) % p.heads_v;
-  int n = blockIdx.x / 2 / p.heads_v;
+  // This CTA's (work item n: a sequence or a segment, v-head hv). Varlen sequences go in the
+  // plan's order, the longest first.
+  const int hv = blockIdx.x % p.heads_v;
+  int n = blockIdx.x / p.heads_v;
   int len, tma_row0, tma_batch;
   int64_t row_base;  // row of the sequence's first token in the (B * T) token rows
   if (p.sequences != nullptr) {
@@ -147,20 +155,20 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   }
   const int num_chunks = (len + kChunk - 1) / kChunk;
   const int head_qk = hv / p.group;
-  const int v0 = half * Tr::kBlockV;
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       ptx::mbarrier_init(ptx::smem_addr(&s.full[i]), 1 + 32);
       ptx::mbarrier_init(ptx::smem_addr(&s.prep_full[i]), 128);
-      ptx::mbarrier_init(ptx::smem_addr(&s.empty[i]), 128 + 128);
+      ptx::mbarrier_init(ptx::smem_addr(&s.empty[i]), 128 * (1 + Tr::kChains));
     }
     ptx::fence_barrier_init();
   }
   if (p.state_map) {  // v is never loaded: its tiles stay zero
     for (int i = threadIdx.x; i < kStages * int(sizeof(s.stage[0].v) / 16);
          i += Tr::kThreads) {
-      reinterpret_cast<uint4*>(&s.stage[i % kStages].v[0][0])[i / kStages] = make_uint4(0, 0, 0, 0);
+      reinterpret_cast<uint4*>(&s.stage[i % kStages].v[0][0][0])[i / kStages] =
+          make_uint4(0, 0, 0, 0);
     }
   }
   __syncthreads();
@@ -195,7 +203,10 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
                            tma_batch);
         }
         if (!p.state_map) {
-          ptx::tma_load_4d(ptx::smem_addr(&S.v[0][0]), &tmap_v, full, v0, row, hv, tma_batch);
+          for (int ch = 0; ch < Tr::kChains; ++ch) {
+            ptx::tma_load_4d(ptx::smem_addr(&S.v[ch][0][0]), &tmap_v, full, ch * Tr::kBlockV, row,
+                             hv, tma_batch);
+          }
         }
         if constexpr (kDelta) {
           ptx::tma_load_4d(ptx::smem_addr(&S.t[0][0]), &tmap_t, full, 0, row, hv, tma_batch);
@@ -222,7 +233,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 
   if (warpgroup == 1) {
     // ------------------------------------------------------------------ prep
-    ptx::setmaxnreg_inc<Tr::kPrepRegs>();
+    ptx::setmaxnreg_dec<Tr::kPrepRegs>();
     constexpr uint32_t kPrepBar = 1;
     for (int c = 0; c < num_chunks; ++c) {
       const bool write_p = p.o != nullptr && c >= warm;  // P feeds only o's products
@@ -335,7 +346,10 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 
   // -------------------------------------------------------------------- chain
   ptx::setmaxnreg_inc<Tr::kChainRegs>();
-  constexpr uint32_t kChainBar = 2;
+  // This chain's v-columns; broadcast from lane 0, which ptxas treats as warp-uniform.
+  const int chain = __shfl_sync(0xffffffff, warpgroup - 2, 0);
+  const int v0 = chain * Tr::kBlockV;
+  const uint32_t chain_bar = 2 + chain;  // named barrier of this chain's 128 threads
   const int64_t state_offset = (static_cast<int64_t>(n) * p.heads_v + hv) * 128 * 128;
   // S^T (64 v-columns x 128 key dims): sacc[4j + 2i + c] = S[key 8j + frag_col + c][v0 + row].
   float sacc[64];
@@ -408,7 +422,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     }
 
     // V^T in the accumulator layout (v-column x token), from the swizzled v tile.
-    const uint8_t* v_tile = reinterpret_cast<const uint8_t*>(&S.v[0][0]);
+    const uint8_t* v_tile = reinterpret_cast<const uint8_t*>(&S.v[chain][0][0]);
     auto v_at = [&](int token, int col) {
       return ptx::to_float(*reinterpret_cast<const Element*>(v_tile + sw128_offset(token, col)));
     };
@@ -509,25 +523,29 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     ptx::mbarrier_arrive(ptx::smem_addr(&s.empty[st]));  // last read of this stage
 
     pack_state();
-    Element* stage_o = &s.o_stage[c % 2][0][0];
+    Element* stage_o = &s.o_stage[chain][0][0];
     if (write_o) {
+      // Chunk c - 1's TMA store has read the tile (a partial chunk's readers are the walk's
+      // last, so none is left).
+      if (tid == 0) ptx::bulk_wait_group_read<0>();
+      ptx::named_barrier_sync(chain_bar, 128);
+      // Token 8 j + t sits 1024 j bytes after token t in the swizzled tile (the swizzle reads
+      // only the token's low three bits), so four offsets cover this thread's 32 elements.
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int i = 0; i < 2; ++i) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int cc = 0; cc < 2; ++cc) {
+          const uint32_t at = sw128_offset(frag_col + cc, frag_row + 8 * i);
 #pragma unroll
-          for (int cc = 0; cc < 2; ++cc) {
-            const int token = 8 * j + frag_col + cc, col = frag_row + 8 * i;
-            store_at(stage_o, sw128_offset(token, col),
+          for (int j = 0; j < 8; ++j) {
+            store_at(stage_o, at + 1024 * j,
                      ptx::from_float<Element>(yacc[4 * j + 2 * i + cc] * p.scale));
           }
         }
       }
       ptx::fence_proxy_async_smem();  // read by the TMA store
     }
-    // Chunk c - 1's TMA store has read its tile, which chunk c + 1 writes after this barrier.
-    if (tid == 0) ptx::bulk_wait_group_read<0>();
-    ptx::named_barrier_sync(kChainBar, 128);  // o_stage written
+    ptx::named_barrier_sync(chain_bar, 128);  // o_stage written
     if (write_o && valid_rows == kChunk) {
       // Off the chain: the TMA unit drains the tile while the next chunk's products run.
       if (tid == 0) {

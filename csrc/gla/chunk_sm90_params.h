@@ -6,7 +6,7 @@
 
 namespace dsv4 {
 
-// The main kernel (csrc/gla/chunk_sm90_kernel.cuh): one CTA per (sequence, v-head, half of V).
+// The main kernel (csrc/gla/chunk_sm90_kernel.cuh): one CTA per (sequence, v-head).
 struct ChunkSm90Params {
   void* o;                     // (B, T, HV, 128), contiguous, q's dtype; nullptr: state only
   const float* g;              // (B, T, HV), contiguous
