@@ -7,8 +7,13 @@ flash-linear-attention (fla), and against the floor of this GPU, all measured in
 Peers are optional imports (`source .peers/gla/env.sh`, see ../shared/peers/fetch.sh): FlashQLA
 (Qwen's TileLang kernels, chunk_gated_delta_rule only) and fla's Triton path (FLA_FLASH_QLA=0).
 A row says "n/a" for a peer that is missing or refuses the shape. FlashQLA compiles its kernels on
-first use, so every implementation runs once before it is timed, and every call of a varlen row
-reuses one cu_seqlens tensor (FlashQLA caches its plan by tensor).
+first use, for each shape (60-90 s a row on a fresh machine), so before timing, one process per
+row calls the peers once, all rows at the same time, and fills TileLang's and Triton's on-disk
+caches (their saves are atomic). Those processes share the GPU, so fla's autotuning results are
+not saved from them (FLA_CACHE_RESULTS=0): the timed process autotunes again, on compiled
+kernels. --no-warm skips this. Every implementation still runs once
+before it is timed, and every call of a varlen row reuses one cu_seqlens tensor (FlashQLA caches
+its plan by tensor).
 
 Floor = max(FLOPs / bf16 GEMM rate, bytes / copy bandwidth), both ceilings measured in this run.
   FLOPs: 183k per (head, token) for chunk_gated_delta_rule, 98k for chunk_simple_gla (64-token
@@ -20,7 +25,9 @@ table (last) and appends it to benchmarks/RESULTS.md unless --no-append.
 """
 import argparse
 import os
+import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -108,6 +115,54 @@ def peer_calls(op, q, k, v, g, beta, s0, cu):
     return calls
 
 
+def row_inputs(shape, dtype, device):
+    """(q, k, v, g, beta, s0, cu, t, b, n_states, label) for one entry of SHAPES."""
+    b, t, h, hv = shape
+    cu = None
+    if b == 0:  # varlen
+        lens = varlen_lengths()
+        t, n_states, b = sum(lens), len(lens), 1
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64,
+                          device=device)
+        label = f"varlen {VARLEN_SEQS} seqs {VARLEN_MIN}-{VARLEN_MAX}, T={t}, {h}/{hv}"
+    else:
+        n_states = b
+        label = f"({b}, {t}, {h}, {hv})"
+    return (*make_inputs(b, t, h, hv, n_states, dtype, device), cu, t, b, n_states, label)
+
+
+def warm_row(shape, dtype) -> int:
+    """Call every peer once on one row (the --warm-row process): compiles into the disk caches."""
+    q, k, v, g, beta, s0, cu, *_ = row_inputs(shape, dtype, torch.device("cuda"))
+    for op in ("gated_delta_rule", "simple_gla"):
+        for name, fn in peer_calls(op, q, k, v, g, beta, s0, cu).items():
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - the timed pass reports a refusal as n/a
+                print(f"warm {name} {op} {shape}: {type(e).__name__}: {e}"[:200])
+    torch.cuda.synchronize()
+    return 0
+
+
+def warm_peer_caches(shapes, dtype_name) -> None:
+    """One --warm-row process per row, all at once: the peers' compiles run in parallel."""
+    t0 = time.time()
+    env = dict(os.environ, FLA_CACHE_RESULTS="0")  # autotune timings on a shared GPU: not kept
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--dtype", dtype_name,
+                               "--warm-row", ",".join(str(x) for x in shape)], env=env)
+             for shape in shapes]
+    failed = 0
+    for proc in procs:
+        try:
+            failed += proc.wait(timeout=max(1.0, 600 - (time.time() - t0))) != 0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            failed += 1
+    print(f"peer caches warmed for {len(shapes)} rows in {time.time() - t0:.0f} s"
+          + (f" ({failed} warm processes failed; their rows compile when timed)" if failed else ""),
+          flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="two shapes only (smoke run)")
@@ -117,12 +172,17 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default=None,
                    help="comma-separated row indices into the full list (FlashQLA's first-use "
                         "compiles make the whole list long for one device call)")
+    p.add_argument("--no-warm", action="store_true",
+                   help="no parallel warm-up processes: each peer compiles when its row comes")
+    p.add_argument("--warm-row", default=None, help=argparse.SUPPRESS)  # B,T,H,HV: internal
     args = p.parse_args(argv)
 
+    dtype = common.parse_dtype(args.dtype)
+    if args.warm_row:
+        return warm_row(tuple(int(x) for x in args.warm_row.split(",")), dtype)
     device = common.require_cuda("bench_gla")
     import dsv4_attn as dsv4  # after the CUDA check
 
-    dtype = common.parse_dtype(args.dtype)
     torch.manual_seed(0)
     header = common.env_header(device)
     print(header)
@@ -139,18 +199,11 @@ def main(argv=None) -> int:
     shapes = QUICK_SHAPES if args.quick else SHAPES
     if args.rows:
         shapes = [shapes[int(i)] for i in args.rows.split(",")]
-    for b, t, h, hv in shapes:
-        cu = None
-        if b == 0:  # varlen
-            lens = varlen_lengths()
-            t, n_states, b = sum(lens), len(lens), 1
-            cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64,
-                              device=device)
-            label = f"varlen {VARLEN_SEQS} seqs {VARLEN_MIN}-{VARLEN_MAX}, T={t}, {h}/{hv}"
-        else:
-            n_states = b
-            label = f"({b}, {t}, {h}, {hv})"
-        q, k, v, g, beta, s0 = make_inputs(b, t, h, hv, n_states, dtype, device)
+    if not args.no_peers and not args.no_warm and (flash_qla or fla_delta) and len(shapes) > 1:
+        warm_peer_caches(shapes, args.dtype)
+    for shape in shapes:
+        q, k, v, g, beta, s0, cu, t, b, n_states, label = row_inputs(shape, dtype, device)
+        h, hv = shape[2], shape[3]
         path = dsv4.chunk_gla_path(q, k, v, cu_seqlens=cu)
         for op in ("gated_delta_rule", "simple_gla"):
             if op == "gated_delta_rule":
