@@ -4,6 +4,7 @@ Everything here measures on the device of the current run: a kernel's TFLOP/s is
 meaningful beside the GEMM rate and copy bandwidth measured in the same process, because
 clocks, power caps and MIG slices differ from machine to machine.
 """
+import csv
 import datetime
 import os
 import statistics
@@ -171,3 +172,20 @@ def append_results(md_path: str, title: str, table_text: str) -> None:
             f.write("# Benchmark results\n\nAppended by the scripts in this folder; "
                     "every section records its own device and ceilings.\n")
         f.write(f"\n## {today()}: {title}\n\n{table_text.rstrip()}\n")
+
+
+def print_ncu_side_by_side(path: str, owner: Callable[[str], str]) -> None:
+    """An Nsight Compute details CSV (`ncu --import R --page details --csv`) with the profiled
+    kernels as columns, one row per (section, metric). owner(kernel name) labels each column."""
+    kernels, table = [], {}
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            kernel = f"{r['ID']} {owner(r['Kernel Name'])}"
+            if kernel not in kernels:
+                kernels.append(kernel)
+            key = (r["Section Name"], r["Metric Name"], r["Metric Unit"])
+            table.setdefault(key, {})[kernel] = r["Metric Value"]
+    print(f"{'section / metric':70s} " + " ".join(f"{k:>16s}" for k in kernels))
+    for (section, metric, unit), vals in table.items():
+        name = f"{section[:22]} / {metric} ({unit})"[:70]
+        print(f"{name:70s} " + " ".join(f"{vals.get(k, ''):>16s}" for k in kernels))

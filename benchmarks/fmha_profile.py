@@ -13,11 +13,15 @@ captured. FlashAttention-3 joins when fa3_fwd_interface imports (`source .peers/
 --summarize prints the details page's metrics with the kernels side by side.
 """
 import argparse
-import csv
+import os
+import sys
 
 import torch
 
 import dsv4_attn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 try:
     from fa3_fwd_interface import flash_attn_func as fa3_func
@@ -63,18 +67,7 @@ def main():
 
 def summarize(path):
     """Kernels as columns (ours first), one row per (section, metric)."""
-    rows = list(csv.DictReader(open(path)))
-    kernels, table = [], {}
-    for r in rows:
-        kernel = r["ID"] + " " + ("dsv4" if "fmha_sm90" in r["Kernel Name"] else "FA3")
-        if kernel not in kernels:
-            kernels.append(kernel)
-        key = (r["Section Name"], r["Metric Name"], r["Metric Unit"])
-        table.setdefault(key, {})[kernel] = r["Metric Value"]
-    print(f"{'section / metric':70s} " + " ".join(f"{k:>16s}" for k in kernels))
-    for (section, metric, unit), vals in table.items():
-        name = f"{section[:22]} / {metric} ({unit})"[:70]
-        print(f"{name:70s} " + " ".join(f"{vals.get(k, ''):>16s}" for k in kernels))
+    common.print_ncu_side_by_side(path, lambda name: "dsv4" if "fmha_sm90" in name else "FA3")
 
 
 if __name__ == "__main__":
