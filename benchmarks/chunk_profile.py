@@ -59,15 +59,7 @@ def main():
     qla = bench_gla.peer_calls(args.op, q, k, v, g, beta, s0, cu).get("FlashQLA")
     if qla is not None:
         calls["FlashQLA"] = qla
-    for name, fn in calls.items():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
-        print(f"profiled {name} ({args.op}, {shape})")
+    common.profile_calls(calls, f" ({args.op}, {shape})")
 
 
 if __name__ == "__main__":

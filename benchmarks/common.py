@@ -174,6 +174,20 @@ def append_results(md_path: str, title: str, table_text: str) -> None:
         f.write(f"\n## {today()}: {title}\n\n{table_text.rstrip()}\n")
 
 
+def profile_calls(calls: dict, note: str = "") -> None:
+    """For ncu --profile-from-start off: each call warmed up three times unprofiled, then one
+    call between profiler start and stop."""
+    for name, fn in calls.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        print(f"profiled {name}{note}")
+
+
 def print_ncu_side_by_side(path: str, owner: Callable[[str], str]) -> None:
     """An Nsight Compute details CSV (`ncu --import R --page details --csv`) with the profiled
     kernels as columns, one row per (section, metric). owner(kernel name) labels each column."""

@@ -54,15 +54,7 @@ def main():
     assert dsv4_attn.fmha_path(q, k, v, causal=causal) == "sm90"
     if fa3_func is not None:
         calls["FA3"] = lambda: fa3_func(q, k, v, causal=causal)
-    for name, fn in calls.items():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
-        print(f"profiled {name}")
+    common.profile_calls(calls)
 
 
 def summarize(path):
