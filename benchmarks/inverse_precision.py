@@ -91,7 +91,8 @@ def cases(seed):
     key = torch.randn(1, 128, generator=g)
     ones = np.ones(64)
     rand_beta = torch.rand(64, generator=g).clamp_min(1e-3).double().numpy()
-    yield "random keys, beta U(0, 1)", F.normalize(torch.randn(64, 128, generator=g), dim=-1), rand_beta
+    k = F.normalize(torch.randn(64, 128, generator=g), dim=-1)
+    yield "random keys, beta U(0, 1)", k, rand_beta
     yield "random keys, beta 1", F.normalize(torch.randn(64, 128, generator=g), dim=-1), ones
     for noise in (0.0, 0.01, 0.1):
         k = F.normalize(key + noise * torch.randn(64, 128, generator=g), dim=-1)
