@@ -27,7 +27,7 @@ done
 wait
 for t in "$@"; do
   echo "$t: spills $(grep -o '[1-9][0-9]* bytes spill stores' "$LOGS/build_$t.log" | wc -l)," \
-       "serialized wgmma $(grep -cE 'C75(10|14|15|17|20)' "$LOGS/build_$t.log")"
+       "serialized wgmma $(grep -cE 'C75(10|12|14|15|17|20)' "$LOGS/build_$t.log")"
 done
 for t in "${@:2}"; do
   # shellcheck disable=SC2086  # TESTS is a list of paths

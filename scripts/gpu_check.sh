@@ -77,7 +77,7 @@ fi
 echo
 echo "================ summary ================"
 echo "$DEVICE"
-echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads'), serialized wgmma (C7510/C7514/C7515/C7517/C7520): $(grep -cE 'C75(10|14|15|17|20)' "$OUT/build.log")"
+echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads'), serialized wgmma (C7510/C7512/C7514/C7515/C7517/C7520): $(grep -cE 'C75(10|12|14|15|17|20)' "$OUT/build.log")"
 [ "$TESTS" = tests ] || echo "tests: only $TESTS (not the whole suite)"
 if [ "$RUN_TESTS" = 1 ]; then
   grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
