@@ -20,25 +20,11 @@ set -u
 [ $# -ge 2 ] || { echo "usage: $0 BASE_TREE TREE [TREE...] (names under .scratch/trees)"; exit 2; }
 LOGS=/tmp/ab_fmha
 mkdir -p "$LOGS"
-for t in "$@"; do
-  (cd ".scratch/trees/$t" && MAX_JOBS=${JOBS:-6} python3 setup.py build_ext --inplace \
-     > "$LOGS/build_$t.log" 2>&1; echo "$t: build rc=$?") &
-done
-wait
-for t in "$@"; do
-  echo "$t: spills $(grep -o '[1-9][0-9]* bytes spill stores' "$LOGS/build_$t.log" | wc -l)," \
-       "serialized wgmma $(grep -cE 'C75(10|12|14|15|17|20)' "$LOGS/build_$t.log")"
-done
+source "$(dirname "$0")/ab_trees.sh"
+build_trees "$LOGS" "$@"
 for t in "${@:2}"; do
-  # shellcheck disable=SC2086  # TESTS is a list of paths
-  (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src timeout 300 python3 -m pytest -q -x \
-     -p no:cacheprovider ${TESTS:-tests/test_fmha_sm90.py tests/test_fmha_varlen_sm90.py \
-     tests/test_fmha.py} 2>&1 | tail -n 1 | sed "s/^/$t: /")
-  if [ "${RACECHECK:-0}" = 1 ]; then  # the same sanitizer step as gpu_check.sh, on this tree
-    (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src compute-sanitizer --tool racecheck \
-       --error-exitcode 3 python3 scripts/sanitize_fmha.py > "$LOGS/racecheck_$t.log" 2>&1
-     echo "$t: racecheck rc=$? $(grep -h 'RACECHECK SUMMARY' "$LOGS/racecheck_$t.log")")
-  fi
+  check_tree "$LOGS" "$t" "${TESTS:-tests/test_fmha_sm90.py tests/test_fmha_varlen_sm90.py tests/test_fmha.py}" \
+    scripts/sanitize_fmha.py
 done
 run_pass() {  # run_pass TAG [fmha_variants args...]
   local tag=$1 pass t

@@ -1,0 +1,30 @@
+# Sourced by ab_fmha.sh and ab_chunk.sh: build source trees under .scratch/trees side by side and
+# check each one (ptxas's report, a test list, racecheck of one sanitizer script).
+# build_trees LOGS TREE...: each tree built in place in parallel (JOBS build jobs each).
+build_trees() {
+  local logs=$1 t
+  shift
+  for t in "$@"; do
+    (cd ".scratch/trees/$t" && MAX_JOBS=${JOBS:-6} DSV4_PTXAS_VERBOSE=1 python3 setup.py \
+       build_ext --inplace > "$logs/build_$t.log" 2>&1; echo "$t: build rc=$?") &
+  done
+  wait
+  for t in "$@"; do
+    echo "$t: spills $(grep -o '[1-9][0-9]* bytes spill stores' "$logs/build_$t.log" | wc -l)," \
+         "serialized wgmma $(grep -cE 'C75(10|12|14|15|17|20)' "$logs/build_$t.log")"
+  done
+}
+
+# check_tree LOGS TREE TESTS SANITIZER: the tests (stopping at the first failure), then
+# racecheck of the sanitizer script when RACECHECK=1.
+check_tree() {
+  local logs=$1 t=$2 tests=$3 script=$4
+  # shellcheck disable=SC2086  # tests is a list of paths
+  (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src timeout 300 python3 -m pytest -q -x \
+     -p no:cacheprovider $tests 2>&1 | tail -n 1 | sed "s/^/$t: /")
+  if [ "${RACECHECK:-0}" = 1 ]; then
+    (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src compute-sanitizer --tool racecheck \
+       --error-exitcode 3 python3 "$script" > "$logs/racecheck_$t.log" 2>&1
+     echo "$t: racecheck rc=$? $(grep -h 'RACECHECK SUMMARY' "$logs/racecheck_$t.log")")
+  fi
+}
