@@ -14,15 +14,10 @@
 # JOBS (build jobs each), RACECHECK=1. Logs go to /tmp/ab_chunk. A tool for choosing between
 # builds, not a test.
 set -u
-[ $# -ge 2 ] || { echo "usage: $0 BASE_TREE TREE [TREE...] (names under .scratch/trees)"; exit 2; }
 LOGS=/tmp/ab_chunk
-mkdir -p "$LOGS"
 source "$(dirname "$0")/ab_trees.sh"
-build_trees "$LOGS" "$@"
-for t in "${@:2}"; do
-  check_tree "$LOGS" "$t" "${TESTS:-tests/test_chunk_sm90.py tests/test_chunk.py}" \
-    scripts/sanitize_chunk.py
-done
+start_trees "$LOGS" "${TESTS:-tests/test_chunk_sm90.py tests/test_chunk.py}" \
+  scripts/sanitize_chunk.py "$@"
 for t in "${@:2}"; do
   echo "== $t against $1"
   python3 benchmarks/ab_gla.py ".scratch/trees/$1" ".scratch/trees/$t" --passes 2 \

@@ -17,15 +17,10 @@
 # RACECHECK=1 (compute-sanitizer racecheck of scripts/sanitize_fmha.py per tree, ~40 s each).
 # A tool for choosing between builds, not a test.
 set -u
-[ $# -ge 2 ] || { echo "usage: $0 BASE_TREE TREE [TREE...] (names under .scratch/trees)"; exit 2; }
 LOGS=/tmp/ab_fmha
-mkdir -p "$LOGS"
 source "$(dirname "$0")/ab_trees.sh"
-build_trees "$LOGS" "$@"
-for t in "${@:2}"; do
-  check_tree "$LOGS" "$t" "${TESTS:-tests/test_fmha_sm90.py tests/test_fmha_varlen_sm90.py tests/test_fmha.py}" \
-    scripts/sanitize_fmha.py
-done
+start_trees "$LOGS" "${TESTS:-tests/test_fmha_sm90.py tests/test_fmha_varlen_sm90.py tests/test_fmha.py}" \
+  scripts/sanitize_fmha.py "$@"
 run_pass() {  # run_pass TAG [fmha_variants args...]
   local tag=$1 pass t
   shift

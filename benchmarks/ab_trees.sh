@@ -1,5 +1,16 @@
 # Sourced by ab_fmha.sh and ab_chunk.sh: build source trees under .scratch/trees side by side and
 # check each one (ptxas's report, a test list, racecheck of one sanitizer script).
+# start_trees LOGS TESTS SANITIZER TREE...: the argument check, the log folder, build_trees,
+# then check_tree on every tree after the first (the base).
+start_trees() {
+  [ $# -ge 5 ] || { echo "usage: $0 BASE_TREE TREE [TREE...] (names under .scratch/trees)"; exit 2; }
+  local logs=$1 tests=$2 script=$3 t
+  shift 3
+  mkdir -p "$logs"
+  build_trees "$logs" "$@"
+  for t in "${@:2}"; do check_tree "$logs" "$t" "$tests" "$script"; done
+}
+
 # build_trees LOGS TREE...: each tree built in place in parallel (JOBS build jobs each).
 build_trees() {
   local logs=$1 t
