@@ -31,8 +31,10 @@ build_trees() {
 check_tree() {
   local logs=$1 t=$2 tests=$3 script=$4
   # shellcheck disable=SC2086  # tests is a list of paths
-  (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src timeout 300 python3 -m pytest -q -x \
-     -p no:cacheprovider $tests 2>&1 | tail -n 1 | sed "s/^/$t: /")
+  (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src timeout 300 python3 -m pytest -q -x -rf \
+     -p no:cacheprovider $tests > "$logs/pytest_$t.log" 2>&1)
+  grep -E '^FAILED' "$logs/pytest_$t.log" | head -n 3 | sed "s/^/$t: /"
+  tail -n 1 "$logs/pytest_$t.log" | sed "s/^/$t: /"
   if [ "${RACECHECK:-0}" = 1 ]; then
     (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src compute-sanitizer --tool racecheck \
        --error-exitcode 3 python3 "$script" > "$logs/racecheck_$t.log" 2>&1
