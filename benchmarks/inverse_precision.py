@@ -1,17 +1,18 @@
-"""How accurate the delta rule's chunk inverse stays if its workspace is 16-bit: a CPU emulation
-of `invert_unit_lower_64` (csrc/gla/chunk_sm90_tiles.cuh) with A and T kept in fp32 (the
-kernel today), fp16 or bf16, against the float64 inverse. The question behind it is whether a
-prep warpgroup could solve in half the shared memory (benchmarks/NOTES.md, the fused-inverse
-step). A tool for choosing, not a test. It follows the kernel's steps, not its code, so re-check
-it against the kernel before trusting it after the kernel changes.
+"""How accurate the delta rule's chunk inverse is with a 16-bit workspace: a CPU emulation of
+`invert_unit_lower_64` (csrc/gla/chunk_sm90_tiles.cuh) with A and T kept in fp32 (the kernel
+before it moved to fp16), fp16 (the kernel now) or bf16, against the float64 inverse. It is
+what chose fp16, which halves the workspace (benchmarks/NOTES.md, the fused-inverse step). A
+tool for choosing, not a test. It follows the kernel's steps, not its code, so re-check it
+against the kernel before trusting it after the kernel changes.
 
     python benchmarks/inverse_precision.py            # random and adversarial chunks
 
 Emulated: A = strict_lower(beta_i k_i.k_j) from 16-bit keys, rounded to the workspace type as
-the fill writes it; the diagonal blocks by forward substitution in fp32; every block product an
-m16n8k8 tf32 MMA (operands rounded with cvt.rna, fp32 accumulate); every stored block rounded
-to the workspace type; T_u rounded to the output type at the end. Printed: ||T - T_exact|| /
-||T_exact|| per workspace, and the output rounding alone ("bound").
+the fill writes it; the diagonal blocks by forward substitution in fp32; every block product a
+tensor-core MMA with fp32 accumulation, operands rounded to tf32 with cvt.rna as the fp32
+kernel did (exact for fp16 operands, so the fp16 column is the kernel's m16n8k16 f16 MMA);
+every stored block rounded to the workspace type; T_u rounded to the output type at the end.
+Printed: ||T - T_exact|| / ||T_exact|| per workspace, and the output rounding alone ("bound").
 """
 import argparse
 

@@ -28,15 +28,16 @@ template <typename Element>
 struct ChunkInverseTraits {
   static constexpr int kChunk = 64;
   static constexpr int kThreads = 128;
-  static constexpr int kCtasPerSm = 6;  // each CTA is a latency-bound chain of small steps
-  static constexpr int kLd = 68;  // fp32 row stride: conflict-free mma.sync A loads
+  static constexpr int kCtasPerSm = 8;  // each CTA is a latency-bound chain of small steps (64
+                                        // registers and 28 KB of shared memory allow 8)
+  static constexpr int kLd = 72;  // fp16 row stride: 16-byte rows, conflict-free ldmatrix
   struct alignas(1024) SharedStorage {
     union {
       Element k[2][kChunk][64];  // [K half][token][64], 128-byte swizzle (TMA); dead once
                                  // K K^T has landed (a barrier precedes the first write of t)
-      float t[kChunk][kLd];
+      __half t[kChunk][kLd];
     };
-    float a[kChunk][kLd];
+    __half a[kChunk][kLd];
     float beta[kChunk];
     uint64_t full;
   };
@@ -129,11 +130,11 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
     const float b = s.beta[row];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const int col = 8 * j + frag_col + cc;
-        s.a[row][col] = row > col && row < valid_rows ? b * acc[4 * j + 2 * i + cc] : 0.f;
-      }
+      const int col = 8 * j + frag_col;
+      const bool in = row < valid_rows;
+      *reinterpret_cast<__half2*>(&s.a[row][col]) = __floats2half2_rn(
+          in && row > col ? b * acc[4 * j + 2 * i] : 0.f,
+          in && row > col + 1 ? b * acc[4 * j + 2 * i + 1] : 0.f);
     }
   }
   __syncthreads();
@@ -147,12 +148,14 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int col0 = (tid % 2) * 32 + q * 8;
+      const uint4 raw = *reinterpret_cast<const uint4*>(&s.t[row][col0]);
+      const __half* h = reinterpret_cast<const __half*>(&raw);
       uint32_t w[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c0 = col0 + 2 * e;
-        w[e] = ptx::pack2<Element>(c0 <= row ? s.t[row][c0] : 0.f,
-                                   c0 + 1 <= row ? s.t[row][c0 + 1] : 0.f);
+        w[e] = ptx::pack2<Element>(c0 <= row ? __half2float(h[2 * e]) : 0.f,
+                                   c0 + 1 <= row ? __half2float(h[2 * e + 1]) : 0.f);
       }
       *reinterpret_cast<uint4*>(dst + q * 8) = make_uint4(w[0], w[1], w[2], w[3]);
     }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "ptx/math.cuh"
+#include "ptx/mbarrier.cuh"
 #include "ptx/mma_sync.cuh"
 
 namespace dsv4 {
@@ -29,36 +30,30 @@ __device__ __forceinline__ T load_at(const void* tile, uint32_t byte_offset) {
   return *reinterpret_cast<const T*>(static_cast<const uint8_t*>(tile) + byte_offset);
 }
 
-// C (16 x 16) += X (16 x 16) * Y (16 x 16), fp32 in shared memory with row strides ldx, ldy;
-// tf32 tensor-core products, fp32 accumulation. c[n] holds the 16 x 8 block n.
-__device__ __forceinline__ void mma_16x16x16_tf32(float (&c)[2][4], const float* x, int ldx,
-                                                  const float* y, int ldy, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    const uint32_t a[4] = {ptx::to_tf32(x[g * ldx + 8 * ks + t]),
-                           ptx::to_tf32(x[(g + 8) * ldx + 8 * ks + t]),
-                           ptx::to_tf32(x[g * ldx + 8 * ks + t + 4]),
-                           ptx::to_tf32(x[(g + 8) * ldx + 8 * ks + t + 4])};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const uint32_t b[2] = {ptx::to_tf32(y[(8 * ks + t) * ldy + 8 * nt + g]),
-                             ptx::to_tf32(y[(8 * ks + t + 4) * ldy + 8 * nt + g])};
-      ptx::mma_tf32_m16n8k8(c[nt], a, b);
-    }
-  }
+// C (16 x 16) += X (16 x 16) * Y (16 x 16), fp16 in shared memory with row strides ldx, ldy (in
+// elements; each row 16-byte aligned); fp32 accumulation. c[n] holds the 16 x 8 block n.
+__device__ __forceinline__ void mma_16x16x16_f16(float (&c)[2][4], const __half* x, int ldx,
+                                                 const __half* y, int ldy, int lane) {
+  // ldmatrix: lane l addresses row l % 8 of 8 x 8 matrix l / 8. X's matrices in A-fragment
+  // order (rows 0-7 / 8-15, then columns 8-15); Y's as (k 0-7 / 8-15) x (n 0-7, then 8-15).
+  const int r = (lane & 7) + ((lane >> 3) & 1) * 8, c8 = (lane >> 4) * 8;
+  uint32_t a[4], b[4];
+  ptx::ldmatrix_x4(a, ptx::smem_addr(x + r * ldx + c8));
+  ptx::ldmatrix_x4_trans(b, ptx::smem_addr(y + r * ldy + c8));
+  ptx::mma_f16_m16n8k16(c[0], a, {b[0], b[1]});
+  ptx::mma_f16_m16n8k16(c[1], a, {b[2], b[3]});
 }
 
-// Writes s * C (the 16 x 16 mma_16x16x16_tf32 accumulator) to fp32 shared memory, row stride ld.
-__device__ __forceinline__ void store_16x16(const float (&c)[2][4], float s, float* dst, int ld,
+// Writes s * C (the 16 x 16 mma_16x16x16_f16 accumulator) to fp16 shared memory, row stride ld.
+__device__ __forceinline__ void store_16x16(const float (&c)[2][4], float s, __half* dst, int ld,
                                             int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
-    dst[g * ld + 8 * nt + 2 * t] = s * c[nt][0];
-    dst[g * ld + 8 * nt + 2 * t + 1] = s * c[nt][1];
-    dst[(g + 8) * ld + 8 * nt + 2 * t] = s * c[nt][2];
-    dst[(g + 8) * ld + 8 * nt + 2 * t + 1] = s * c[nt][3];
+    *reinterpret_cast<__half2*>(&dst[g * ld + 8 * nt + 2 * t]) =
+        __floats2half2_rn(s * c[nt][0], s * c[nt][1]);
+    *reinterpret_cast<__half2*>(&dst[(g + 8) * ld + 8 * nt + 2 * t]) =
+        __floats2half2_rn(s * c[nt][2], s * c[nt][3]);
   }
 }
 
@@ -99,14 +94,17 @@ __device__ __forceinline__ void l2norm_rows_in_place(Element* tile, int row) {
   }
 }
 
-// T = (I + A)^-1 for a strictly lower 64 x 64 fp32 A in shared memory (row stride kLd), by one
+// T = (I + A)^-1 for a strictly lower 64 x 64 A in shared memory (row stride kLd), by one
 // warpgroup (warp 0-3, lane); A is overwritten, T lands in `t` (its upper triangle is not
-// written). 16 x 16 blocks (D_a = T_aa):
+// written). A, T and the E blocks are kept in fp16: its 10-bit mantissa is tf32's, and with
+// unit keys and beta <= 1 every entry is at most 1 in magnitude
+// (benchmarks/inverse_precision.py: the error of T matches an fp32 workspace's; bf16 is up to
+// 7x worse). Products accumulate in fp32. 16 x 16 blocks (D_a = T_aa):
 //   T_ab = sum_{m=b}^{a-1} E_am T_mb,  E_am = -D_a A_am  (a > b),
 // evaluated by distance a - b so the four warps work side by side. `sync` is a barrier over the
 // warpgroup's 128 threads.
 template <int kLd, typename Sync>
-__device__ __forceinline__ void invert_unit_lower_64(float (*a)[kLd], float (*t)[kLd], int warp,
+__device__ __forceinline__ void invert_unit_lower_64(__half (*a)[kLd], __half (*t)[kLd], int warp,
                                                      int lane, Sync sync) {
   // 1. D_w: warp w, lane c < 16 owns column c of block w and runs forward substitution
   //    (row loads are broadcasts).
@@ -117,9 +115,11 @@ __device__ __forceinline__ void invert_unit_lower_64(float (*a)[kLd], float (*t)
     for (int i = 0; i < 16; ++i) {
       float arow[16];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 v4 = *reinterpret_cast<const float4*>(&a[b0 + i][b0 + 4 * q]);
-        arow[4 * q] = v4.x, arow[4 * q + 1] = v4.y, arow[4 * q + 2] = v4.z, arow[4 * q + 3] = v4.w;
+      for (int q = 0; q < 2; ++q) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(&a[b0 + i][b0 + 8 * q]);
+        const __half* h = reinterpret_cast<const __half*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) arow[8 * q + e] = __half2float(h[e]);
       }
       float acc = i == lane ? 1.f : 0.f;
 #pragma unroll
@@ -127,7 +127,7 @@ __device__ __forceinline__ void invert_unit_lower_64(float (*a)[kLd], float (*t)
       col[i] = acc;
     }
 #pragma unroll
-    for (int i = 0; i < 16; ++i) t[b0 + i][b0 + lane] = col[i];
+    for (int i = 0; i < 16; ++i) t[b0 + i][b0 + lane] = __float2half_rn(col[i]);
   }
   sync();
   auto blk_a = [&](int r, int c) { return &a[16 * r][16 * c]; };
@@ -135,7 +135,7 @@ __device__ __forceinline__ void invert_unit_lower_64(float (*a)[kLd], float (*t)
   // E_am = -D_a A_am, written over A_am (a warp reads its operands before it stores).
   auto make_e = [&](int r, int m) {
     float e[2][4] = {};
-    mma_16x16x16_tf32(e, blk_t(r, r), kLd, blk_a(r, m), kLd, lane);
+    mma_16x16x16_f16(e, blk_t(r, r), kLd, blk_a(r, m), kLd, lane);
     __syncwarp();
     store_16x16(e, -1.f, blk_a(r, m), kLd, lane);
     __syncwarp();
@@ -144,7 +144,7 @@ __device__ __forceinline__ void invert_unit_lower_64(float (*a)[kLd], float (*t)
   if (warp < 3) {
     make_e(warp + 1, warp);
     float t1[2][4] = {};
-    mma_16x16x16_tf32(t1, blk_a(warp + 1, warp), kLd, blk_t(warp, warp), kLd, lane);
+    mma_16x16x16_f16(t1, blk_a(warp + 1, warp), kLd, blk_t(warp, warp), kLd, lane);
     store_16x16(t1, 1.f, blk_t(warp + 1, warp), kLd, lane);
   } else {
     make_e(2, 0);
@@ -156,14 +156,14 @@ __device__ __forceinline__ void invert_unit_lower_64(float (*a)[kLd], float (*t)
   float t2[2][4] = {};
   if (warp < 3) {
     const int r = warp == 2 ? 3 : warp + 2, c = warp == 2 ? 0 : warp;
-    mma_16x16x16_tf32(t2, blk_a(r, c), kLd, blk_t(c, c), kLd, lane);
-    mma_16x16x16_tf32(t2, blk_a(r, c + 1), kLd, blk_t(c + 1, c), kLd, lane);
+    mma_16x16x16_f16(t2, blk_a(r, c), kLd, blk_t(c, c), kLd, lane);
+    mma_16x16x16_f16(t2, blk_a(r, c + 1), kLd, blk_t(c + 1, c), kLd, lane);
     if (warp < 2) store_16x16(t2, 1.f, blk_t(r, c), kLd, lane);
   }
   sync();
   // 4. distance 3.
   if (warp == 2) {
-    mma_16x16x16_tf32(t2, blk_a(3, 2), kLd, blk_t(2, 0), kLd, lane);
+    mma_16x16x16_f16(t2, blk_a(3, 2), kLd, blk_t(2, 0), kLd, lane);
     store_16x16(t2, 1.f, blk_t(3, 0), kLd, lane);
   }
   sync();
