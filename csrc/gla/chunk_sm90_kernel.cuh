@@ -429,7 +429,10 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     };
     float vnew[32];  // V_new^T
     if constexpr (kDelta) {
-      ptx::wgmma_wait<1>();
+      // Y as well as X: with Y in flight, its A operand (S^T in 16 bits) would stay live beside
+      // V_new's operands and accumulator, past 192 registers, and ptxas would serialize every
+      // wgmma of the chain (C7512).
+      ptx::wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 32; ++i) ptx::fence_operand(xacc[i]);
       uint32_t xfrag[4][4];
