@@ -36,8 +36,8 @@
 //   prep_full[s]  every prep thread after its writes of stage s              -> chain
 //   empty[s]      every prep and chain thread after its last read of stage s -> producer
 // Registers: producer 24 + prep 104 + two chains at 192 fill the 64K of a 512-thread CTA
-// (ptxas, all four instantiations: no spills; at 184 the chain spills, at 88 the prep). At 192
-// ptxas serializes the delta rule's chain wgmmas (C7512; benchmarks/NOTES.md has the fix).
+// (ptxas, all four instantiations: no spills; at 184 the chain spills, at 88 the prep). The
+// delta rule's chain fits 192 only because it waits for Y together with X (see there).
 // Tokens past a chunk's end have g = beta = 0 (zero-filled), so they neither decay nor write
 // the state, and their output rows are not stored; rows of the next varlen sequence that a TMA
 // box may bring in are thereby ignored.
