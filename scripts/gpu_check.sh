@@ -3,7 +3,8 @@
 # all cores, run the WHOLE test suite (CPU and gpu tests: the error tests must raise, not crash,
 # on this build too), compute-sanitizer, the benchmarks and the main command; logs go to $OUT
 # (default ./out); a short summary is printed last.
-#   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-gla-bench] [--no-sanitizer] [--quick-bench]
+#   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-gla-bench] [--no-dsv4-bench]
+#                        [--no-sanitizer] [--quick-bench]
 #                        [--tests "FILES"]   (only those test files: a development run, not a check)
 #                        [--no-tests]        (no tests: the benchmarks of a tree whose suite ran in
 #                                             an earlier call on the same build)
@@ -13,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-BENCH=1; FMHA_BENCH=1; GLA_BENCH=1; SANITIZE=1; BENCH_ARGS=(); TESTS=tests; RUN_TESTS=1
+BENCH=1; FMHA_BENCH=1; GLA_BENCH=1; DSV4_BENCH=1; SANITIZE=1; BENCH_ARGS=(); TESTS=tests; RUN_TESTS=1
 while [ $# -gt 0 ]; do
   arg=$1; shift
   case "$arg" in
@@ -22,6 +23,7 @@ while [ $# -gt 0 ]; do
     --no-tests) RUN_TESTS=0 ;;
     --no-fmha-bench) FMHA_BENCH=0 ;;
     --no-gla-bench) GLA_BENCH=0 ;;
+    --no-dsv4-bench) DSV4_BENCH=0 ;;
     --no-sanitizer) SANITIZE=0 ;;
     --quick-bench) BENCH_ARGS+=(--quick) ;;
     *) echo "unknown option $arg"; exit 2 ;;
@@ -49,8 +51,27 @@ DEVICE=$(python3 -c 'import torch; print("torch", torch.__version__, "cuda", tor
 echo "$DEVICE"
 
 step build build.log env DSV4_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace || { echo "build failed"; tail -n 60 "$OUT/build.log"; exit 1; }
-# shellcheck disable=SC2086
-[ "$RUN_TESTS" = 1 ] && step tests pytest.log python3 -m pytest $TESTS -q --durations=15 -p no:cacheprovider
+# The whole suite runs as two processes at once: the build, setup and compile tests (CPU
+# subprocesses and inductor, ~2 minutes) beside the rest. Their log is appended to pytest.log.
+CPU_TESTS="tests/test_build.py tests/test_setup.py tests/test_compile.py"
+run_tests() {
+  # shellcheck disable=SC2086
+  if [ "$TESTS" != tests ]; then python3 -m pytest $TESTS -q --durations=15 -p no:cacheprovider; return; fi
+  local ignore=() f rc rc_cpu
+  for f in $CPU_TESTS; do ignore+=(--ignore="$f"); done
+  # shellcheck disable=SC2086
+  python3 -m pytest $CPU_TESTS -q --durations=5 -p no:cacheprovider > "$OUT/pytest_cpu.log" 2>&1 &
+  local cpu_pid=$!
+  python3 -m pytest tests "${ignore[@]}" -q --durations=15 -p no:cacheprovider
+  rc=$?
+  wait "$cpu_pid"
+  rc_cpu=$?
+  echo "---- $CPU_TESTS"
+  cat "$OUT/pytest_cpu.log" && rm -f "$OUT/pytest_cpu.log"
+  [ "$rc" -ne 0 ] && return "$rc"
+  return "$rc_cpu"
+}
+[ "$RUN_TESTS" = 1 ] && step tests pytest.log run_tests
 if [ "$SANITIZE" = 1 ]; then
   sanitize() {  # sanitize TOOL: every sanitizer script under one tool, into one log
     local rc=0 script
@@ -71,7 +92,7 @@ if [ "$BENCH" = 1 ]; then
   [ -f .peers/gla/env.sh ] && source .peers/gla/env.sh
   [ "$FMHA_BENCH" = 1 ] && step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" "${BENCH_ARGS[@]}"
   [ "$GLA_BENCH" = 1 ] && step bench_gla bench_gla.log python3 benchmarks/bench_gla.py "${BENCH_ARGS[@]}"
-  step bench_dsv4 bench_dsv4.log python3 benchmarks/bench_dsv4.py --out "$OUT" "${BENCH_ARGS[@]}"
+  [ "$DSV4_BENCH" = 1 ] && step bench_dsv4 bench_dsv4.log python3 benchmarks/bench_dsv4.py --out "$OUT" "${BENCH_ARGS[@]}"
 fi
 
 echo
@@ -80,7 +101,7 @@ echo "$DEVICE"
 echo "ptxas: $(grep -c 'spill stores' "$OUT/build.log") kernels, spills: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads'), serialized wgmma (C7510/C7512/C7514/C7515/C7517/C7520): $(grep -cE 'C75(10|12|14|15|17|20)' "$OUT/build.log")"
 [ "$TESTS" = tests ] || echo "tests: only $TESTS (not the whole suite)"
 if [ "$RUN_TESTS" = 1 ]; then
-  grep -E "passed|failed" "$OUT/pytest.log" | tail -n 1
+  grep -E "^[0-9]+ [a-z]+.* in [0-9.]+s" "$OUT/pytest.log"
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -n 20
 else
   echo "tests: not run in this call"
