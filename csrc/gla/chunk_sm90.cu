@@ -40,11 +40,7 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   VarlenSequencePlanBuffers plan;
   if (c.cu_seqlens) plan = build_varlen_sequence_plan(*c.cu_seqlens, c.seqlen, Tr::kChunk);
   // Delta rule: every chunk's ungated inverse first, by a fully parallel kernel.
-  if (kDelta && !t_u.defined()) {
-    t_u = at::empty({c.batch, c.seqlen, c.heads_v, Tr::kChunk}, c.q.options());
-    chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr, t_u);
-  }
-  const CUtensorMap tt = kDelta ? make_tensor_map_bshd(op, t_u, "T_u", Tr::kChunk) : tv;
+  if (kDelta && !t_u.defined()) t_u = chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr);
   const CUtensorMap to = o.defined() ? make_tensor_map_bshd(op, o, "o", Tr::kChunk) : tv;
   // Small per-token and per-sequence inputs are read with plain loads: make them dense.
   const at::Tensor g = c.g.contiguous();
@@ -57,6 +53,9 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   p.beta = kDelta ? beta.data_ptr<float>() : nullptr;
   p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
   p.final_state = final_state.defined() ? final_state.data_ptr<float>() : nullptr;
+  p.t_u = kDelta ? t_u.data_ptr() : nullptr;
+  p.chunk_start = plan.chunk_start;
+  p.chunks_per_seq = static_cast<int>((c.seqlen + Tr::kChunk - 1) / Tr::kChunk);
   p.sequences = plan.sequences;
   p.order = plan.order;
   p.seqlen = static_cast<int>(c.seqlen);
@@ -73,7 +72,7 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   // (sequence, segment, v-head)
   const dim3 grid(static_cast<unsigned>(c.num_seqs * walk.segments * c.heads_v));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tq, tk, tv, tt, to, p);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tq, tk, tv, to, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -131,10 +130,7 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
   const Walk walk{n, seg_len, warmup.data_ptr<int>()};
   // The delta rule's inverses, once for all passes: segments start on chunk boundaries.
   at::Tensor t_u;
-  if (kDelta) {
-    t_u = at::empty({b, t, hv, kChunk}, c.q.options());
-    chunk_sm90_inverse(c, nullptr, t_u);
-  }
+  if (kDelta) t_u = chunk_sm90_inverse(c, nullptr);
   // The state-only passes start every segment from zero (or I).
   ChunkCall from_zero = c;
   from_zero.initial_state = std::nullopt;

@@ -9,9 +9,9 @@
 namespace dsv4 {
 
 // Queues the delta rule's inverse kernel (csrc/gla/chunk_sm90_inverse.cuh) on the current
-// stream. t_u: (B, T, HV, 64) in q's dtype; plan: the varlen plan, or nullptr when dense.
-void chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan,
-                        at::Tensor& t_u);
+// stream and returns its output: T_u packed per (chunk slot, v-head), [slots][HV][PackedTu
+// elements] in q's dtype. plan: the varlen plan (slots up to its bound), or nullptr when dense.
+at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan);
 
 // The segment split of a dense call (csrc/gla/chunk_sm90_segments.cuh), `segments` segments of
 // `segment_len` tokens per sequence. The plan fills warmup (B * segments, HV) int32 and, for

@@ -11,7 +11,7 @@ namespace dsv4 {
 namespace {
 
 template <typename Element>
-void launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, at::Tensor& t_u) {
+at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan) {
   using Tr = ChunkInverseTraits<Element>;
   auto kernel = chunk_sm90_inverse_kernel<Element>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -20,7 +20,6 @@ void launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, at::Tenso
   const at::Tensor beta = c.beta->contiguous();
 
   ChunkSm90InverseParams p;
-  p.t_u = t_u.data_ptr();
   p.beta = beta.data_ptr<float>();
   p.sequences = plan != nullptr ? plan->sequences : nullptr;
   p.chunk_start = plan != nullptr ? plan->chunk_start : nullptr;
@@ -40,18 +39,20 @@ void launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, at::Tenso
   TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
               "chunk_gated_delta_rule: too many (chunk, v-head) pairs for one launch (", blocks,
               ")");
-  if (blocks == 0) return;
+  at::Tensor t_u = at::empty({slots, c.heads_v, PackedTu::kElems}, c.q.options());
+  if (blocks == 0) return t_u;
+  p.t_u = t_u.data_ptr();
   kernel<<<static_cast<unsigned>(blocks), Tr::kThreads, Tr::kSmemBytes,
            at::cuda::getCurrentCUDAStream()>>>(tk, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return t_u;
 }
 
 }  // namespace
 
-void chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan,
-                        at::Tensor& t_u) {
-  if (c.q.scalar_type() == at::kBFloat16) return launch<__nv_bfloat16>(c, plan, t_u);
-  return launch<__half>(c, plan, t_u);
+at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan) {
+  if (c.q.scalar_type() == at::kBFloat16) return launch<__nv_bfloat16>(c, plan);
+  return launch<__half>(c, plan);
 }
 
 }  // namespace dsv4

@@ -6,8 +6,9 @@
 // D = diag(e^G), and diagonal matrices commute with diag(beta) and with taking the strict
 // lower part, T = D T_u D^-1 = Gamma . T_u: the main kernel's prep applies the gate
 // elementwise, and the inverse leaves its serial chain.
-// T_u rows are stored at their tokens' rows of a (B, T, HV, 64) tensor, only for tokens inside
-// the sequence, so a chunk's rows never overwrite the next varlen sequence's.
+// T_u is stored packed (PackedTu: its ten lower 16 x 16 blocks, 5 KB) per (chunk slot, v-head);
+// the main kernel finds a chunk's slot the same way (dense: sequence * chunks_per_seq + chunk,
+// varlen: chunk_start[sequence] + chunk).
 #pragma once
 
 #include <cuda.h>
@@ -140,25 +141,25 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
   __syncthreads();
   invert_unit_lower_64<Tr::kLd>(s.a, s.t, warp, lane, [] { __syncthreads(); });
 
-  // Rows inside the sequence to HBM: row tid / 2, 32 columns per thread, 16-byte stores.
-  const int row = tid / 2;
-  if (row < valid_rows) {
-    Element* dst = static_cast<Element*>(p.t_u) +
-                   ((row_base + c * kChunk + row) * p.heads_v + hv) * kChunk + (tid % 2) * 32;
+  // The ten lower blocks to HBM (PackedTu), 16 bytes per thread and step, coalesced. Rows past
+  // the sequence are zero.
+  Element* dst = static_cast<Element*>(p.t_u) +
+                 (static_cast<int64_t>(slot) * p.heads_v + hv) * PackedTu::kElems;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int col0 = (tid % 2) * 32 + q * 8;
-      const uint4 raw = *reinterpret_cast<const uint4*>(&s.t[row][col0]);
-      const __half* h = reinterpret_cast<const __half*>(&raw);
-      uint32_t w[4];
+  for (int u = tid; u < PackedTu::kElems / 8; u += Tr::kThreads) {
+    int row, col0;
+    PackedTu::piece(u, row, col0);
+    const uint4 raw = *reinterpret_cast<const uint4*>(&s.t[row][col0]);
+    const __half* h = reinterpret_cast<const __half*>(&raw);
+    const bool in = row < valid_rows;
+    uint32_t w[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c0 = col0 + 2 * e;
-        w[e] = ptx::pack2<Element>(c0 <= row ? __half2float(h[2 * e]) : 0.f,
-                                   c0 + 1 <= row ? __half2float(h[2 * e + 1]) : 0.f);
-      }
-      *reinterpret_cast<uint4*>(dst + q * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int e = 0; e < 4; ++e) {
+      const int c0 = col0 + 2 * e;
+      w[e] = ptx::pack2<Element>(in && c0 <= row ? __half2float(h[2 * e]) : 0.f,
+                                 in && c0 + 1 <= row ? __half2float(h[2 * e + 1]) : 0.f);
     }
+    *reinterpret_cast<uint4*>(dst + 8 * u) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 

@@ -8,13 +8,15 @@
 // v-columns and the chain's operands come from registers or from tiles as TMA wrote them.
 // Roles (128 threads per warpgroup):
 //   warpgroup 0, warp 0  producer: TMA loads of the chunk's q, k (both halves of K), v as
-//                        two 64-column tiles (none for a state map) and, for the delta rule,
-//                        the chunk's ungated inverse T_u (csrc/gla/chunk_sm90_inverse.cuh,
-//                        run before this kernel); cp.async of g and beta (zero past the chunk).
+//                        two 64-column tiles (none for a state map) and, for the delta rule, a
+//                        bulk copy of the chunk's packed ungated inverse T_u into the P tile
+//                        (csrc/gla/chunk_sm90_inverse.cuh, run before this kernel); cp.async
+//                        of g and beta (zero past the chunk).
 //   warpgroup 1          prep, everything that does not depend on S, up to two chunks ahead:
 //                        G = cumsum(g) (log2 units), P = (Q K^T) . Gamma . [i >= j]  and, for the
 //                        delta rule, T = (I + strict_lower(beta_i Gamma_ij k_i.k_j))^-1
-//                        = Gamma . T_u, in place over T_u. With use_qk_l2norm_in_kernel it first
+//                        = Gamma . T_u into the T tile, then P over T_u (a barrier between
+//                        them: T_u lands in the P tile). With use_qk_l2norm_in_kernel it first
 //                        normalizes the stage's q and k rows in place, before anyone else reads
 //                        them (the chain waits for prep_full).
 //   warpgroups 2, 3      chains, v-columns 0-63 and 64-127, everything that depends on S (the
@@ -84,8 +86,8 @@ struct ChunkSm90Traits {
     Element q[2][kChunk][64];  // [K half][token][64]
     Element k[2][kChunk][64];
     Element v[kChains][kChunk][64];  // [chain][token][its 64 v-columns]
-    Element t[kChunk][64];     // T_u[i][j] as loaded, then T (delta rule)
-    Element p[kChunk][64];     // P[i][j]
+    Element t[kChunk][64];     // T[i][j] (delta rule)
+    Element p[kChunk][64];     // the packed T_u as loaded (delta rule), then P[i][j]
     float g[kChunk];           // raw gates, zero past the chunk
     float beta[kChunk];        // raw beta, zero past the chunk
     float g2[kChunk];          // G = inclusive cumsum(g), times log2(e)
@@ -100,7 +102,9 @@ struct ChunkSm90Traits {
     uint64_t full[kStages], prep_full[kStages], empty[kStages];
   };
   static constexpr uint32_t kLoadBytes = sizeof(Stage::q) + sizeof(Stage::k) + sizeof(Stage::v);
-  static constexpr uint32_t kLoadBytesDelta = kLoadBytes + sizeof(Stage::t);
+  static constexpr uint32_t kTuBytes = PackedTu::kElems * sizeof(Element);
+  static constexpr uint32_t kLoadBytesDelta = kLoadBytes + kTuBytes;
+  static_assert(kTuBytes <= sizeof(Stage::p), "the packed T_u lands in the P tile");
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
@@ -110,7 +114,6 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     chunk_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
                       const __grid_constant__ CUtensorMap tmap_k,
                       const __grid_constant__ CUtensorMap tmap_v,
-                      const __grid_constant__ CUtensorMap tmap_t,
                       const __grid_constant__ CUtensorMap tmap_o, const ChunkSm90Params p) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk, kStages = Tr::kStages;
@@ -185,7 +188,15 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       ptx::tma_prefetch_descriptor(&tmap_q);
       ptx::tma_prefetch_descriptor(&tmap_k);
       ptx::tma_prefetch_descriptor(&tmap_v);
-      if constexpr (kDelta) ptx::tma_prefetch_descriptor(&tmap_t);
+    }
+    // The walk's first chunk slot of T_u (PackedTu), then one slot further per chunk.
+    const Element* t_u_chunk = nullptr;
+    if constexpr (kDelta) {
+      const int64_t slot0 = p.sequences != nullptr ? p.chunk_start[n]
+                                                   : static_cast<int64_t>(tma_batch) *
+                                                             p.chunks_per_seq +
+                                                         tma_row0 / kChunk;
+      t_u_chunk = static_cast<const Element*>(p.t_u) + (slot0 * p.heads_v + hv) * PackedTu::kElems;
     }
     for (int c = 0; c < num_chunks; ++c) {
       const int st = c % kStages;
@@ -210,7 +221,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
           }
         }
         if constexpr (kDelta) {
-          ptx::tma_load_4d(ptx::smem_addr(&S.t[0][0]), &tmap_t, full, 0, row, hv, tma_batch);
+          ptx::bulk_load(ptx::smem_addr(&S.p[0][0]), t_u_chunk, Tr::kTuBytes, full);
+          t_u_chunk += static_cast<int64_t>(p.heads_v) * PackedTu::kElems;
         }
       }
       const int valid_rows = min(kChunk, len - c * kChunk);
@@ -245,7 +257,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       if constexpr (kDelta) {
         if (p.qk_l2norm) {
           l2norm_rows_in_place<Element>(tid < kChunk ? &S.q[0][0][0] : &S.k[0][0][0],
-                                        tid % kChunk);
+                                        ptx::opaque(tid % kChunk));  // offsets not hoisted
           ptx::fence_proxy_async_smem();  // the normalized q and k are read by wgmma
           ptx::named_barrier_sync(kPrepBar, 128);
         }
@@ -300,9 +312,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         g_col[2 * j] = g2v.x;
         g_col[2 * j + 1] = g2v.y;
       }
-      // P = P_raw . Gamma and, for the delta rule, T = Gamma . T_u, at the same (row, col)
-      // pairs. T rows of tokens past the sequence are zero: their T_u rows were not written
-      // (or belong to the next varlen sequence), and their beta is zero anyway.
+      // T = Gamma . T_u (delta rule) into the T tile, and P_raw . Gamma in registers, at the same
+      // (row, col) pairs; then P into the P tile, where T_u landed, once every prep thread has
+      // read its T_u. T rows of tokens past the sequence are zero (so is their beta).
       const int valid_rows = min(kChunk, len - c * kChunk);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -310,7 +322,6 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         const float gi = S.g2[row];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const uint32_t at = sw128_offset(row, 8 * j + frag_col);
           float gamma[2];
 #pragma unroll
           for (int cc = 0; cc < 2; ++cc) {
@@ -319,19 +330,30 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
             gamma[cc] = ptx::exp2_approx(row >= col ? gi - g_col[2 * j + cc] : neg_inf);
           }
           if (write_p) {
-            store_at(&S.p[0][0], at,
-                     ptx::pack2<Element>(pacc[4 * j + 2 * i] * gamma[0],
-                                         pacc[4 * j + 2 * i + 1] * gamma[1]));
+            pacc[4 * j + 2 * i] *= gamma[0];
+            pacc[4 * j + 2 * i + 1] *= gamma[1];
           }
           if constexpr (kDelta) {
-            const uint32_t raw = load_at<uint32_t>(&S.t[0][0], at);
-            const Element* t_u = reinterpret_cast<const Element*>(&raw);
             const int col = 8 * j + frag_col;
             const bool row_in = row < valid_rows;
-            store_at(&S.t[0][0], at,
+            uint32_t raw = 0;  // upper blocks are not stored
+            if (col <= row) raw = load_at<uint32_t>(&S.p[0][0], 2 * PackedTu::offset(row, col));
+            const Element* t_u = reinterpret_cast<const Element*>(&raw);
+            store_at(&S.t[0][0], sw128_offset(row, col),
                      ptx::pack2<Element>(
                          row_in && row >= col ? gamma[0] * ptx::to_float(t_u[0]) : 0.f,
                          row_in && row >= col + 1 ? gamma[1] * ptx::to_float(t_u[1]) : 0.f));
+          }
+        }
+      }
+      if (write_p) {
+        if constexpr (kDelta) ptx::named_barrier_sync(kPrepBar, 128);  // T_u read
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            store_at(&S.p[0][0], sw128_offset(frag_row + 8 * i, 8 * j + frag_col),
+                     ptx::pack2<Element>(pacc[4 * j + 2 * i], pacc[4 * j + 2 * i + 1]));
           }
         }
       }

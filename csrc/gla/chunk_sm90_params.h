@@ -13,6 +13,10 @@ struct ChunkSm90Params {
   const float* beta;           // (B, T, HV), contiguous; delta rule only
   const float* initial_state;  // (N, HV, 128, 128), contiguous, or nullptr (zeros)
   float* final_state;          // (N, HV, 128, 128), or nullptr (not asked for)
+  const void* t_u;             // delta rule: [chunk slots][HV][PackedTu::kElems], q's dtype
+  const int* chunk_start;      // varlen: [N + 1] first chunk slot of each sequence (dense: the
+                               // slot of sequence b's chunk c is b * chunks_per_seq + c)
+  int chunks_per_seq;          // dense: ceil(T / 64)
   const VarlenRows* sequences;  // varlen: [N] first row and length, or nullptr (dense: N = B
                                 // sequences of length T)
   const int* order;             // varlen: [N] the sequences, the most chunks first
@@ -64,7 +68,7 @@ struct ChunkSegmentCombineParams {
 
 // The delta rule's inverse kernel (csrc/gla/chunk_sm90_inverse.cuh): one CTA per (chunk, v-head).
 struct ChunkSm90InverseParams {
-  void* t_u;                    // (B, T, HV, 64), q's dtype: row t of T_u at its token's row
+  void* t_u;                    // [chunk slots][HV][PackedTu::kElems], q's dtype
   const float* beta;            // (B, T, HV), contiguous
   const VarlenRows* sequences;  // varlen: [N] as above, or nullptr (dense)
   const int* chunk_start;       // varlen: [N + 1] first chunk of each sequence, then the total

@@ -18,6 +18,27 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int col) {
   return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + ((col & 7) << 1);
 }
 
+// T_u in HBM, per (chunk, v-head): only its ten lower 16 x 16 blocks (the six upper ones are
+// zero), block (r, c), c <= r, at r (r + 1) / 2 + c, each row-major with 16-element rows. 5 KB
+// instead of 8 for the full 64 x 64 tile, written by the inverse kernel and read by the main
+// kernel's prep with one bulk copy.
+struct PackedTu {
+  static constexpr int kBlocks = 10;
+  static constexpr int kElems = kBlocks * 16 * 16;
+  // Element offset of (row, col), col <= row (a lower block).
+  __device__ __forceinline__ static int offset(int row, int col) {
+    const int r = row >> 4, c = col >> 4;
+    return ((r * (r + 1) / 2 + c) * 16 + (row & 15)) * 16 + (col & 15);
+  }
+  // First (row, col) of the 16-byte piece u in [0, kElems / 8): 8 elements of one block row.
+  __device__ __forceinline__ static void piece(int u, int& row, int& col) {
+    const int block = u >> 5, r = block >= 6 ? 3 : block >= 3 ? 2 : block >= 1 ? 1 : 0;
+    const int c = block - r * (r + 1) / 2;
+    row = 16 * r + ((u >> 1) & 15);
+    col = 16 * c + 8 * (u & 1);
+  }
+};
+
 // Plain shared-memory stores into a swizzled tile (the compiler may batch them; a later
 // fence.proxy.async and barrier publish them to wgmma).
 template <typename T>

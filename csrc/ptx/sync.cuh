@@ -42,4 +42,11 @@ __device__ __forceinline__ int grid_ctas() {
   return n;
 }
 
+// x as an opaque value: what a loop body derives from it is computed there, not hoisted out of
+// the loop and kept live through it (the chunk kernel's prep spilled the l2norm's offsets).
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
+
 }  // namespace dsv4::ptx

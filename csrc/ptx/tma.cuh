@@ -24,6 +24,18 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// cp.async.bulk (no tensor map): copy `bytes` contiguous bytes (a multiple of 16, both addresses
+// 16-byte aligned) from global into shared memory; completion is signalled on `bar` as
+// transaction bytes.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
 // cp.async.bulk.tensor.4d, shared -> global: store the box at coordinates (c0 innermost .. c3)
 // from shared memory, tracked by this thread's bulk groups. Box elements outside the tensor are
 // not written. The writers of `src` fence the proxies (fence_proxy_async_smem) before it is issued.
