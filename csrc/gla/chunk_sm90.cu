@@ -19,6 +19,7 @@ struct Walk {
   const int* warmup = nullptr;  // the segment plan (ChunkSm90Params::warmup)
   bool state_map = false;       // from S = I with v taken as zeros (ChunkSm90Params)
   bool final_per_sequence = false;  // ChunkSm90Params::final_per_sequence
+  const float* segment_start = nullptr;  // ChunkSm90Params::segment_start
 };
 
 // One launch of the main kernel (after the delta rule's inverse kernel). o: the output, c.v's
@@ -68,6 +69,7 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   p.qk_l2norm = c.qk_l2norm;
   p.state_map = walk.state_map;
   p.warmup = walk.warmup;
+  p.segment_start = walk.segment_start;
 
   // (sequence, segment, v-head)
   const dim3 grid(static_cast<unsigned>(c.num_seqs * walk.segments * c.heads_v));
@@ -146,11 +148,10 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
   at::Tensor start = at::empty({b * n, hv, kDim, kDim}, f32);
   chunk_sm90_segment_combine(c, n, warmup, gate_sum, local, maps, start);
 
-  ChunkCall last = c;
-  last.initial_state = start;
   Walk last_walk = walk;
   last_walk.final_per_sequence = true;
-  launch<Element, kDelta>(last, o, final_state, t_u, last_walk);
+  last_walk.segment_start = start.data_ptr<float>();
+  launch<Element, kDelta>(c, o, final_state, t_u, last_walk);
 }
 
 }  // namespace

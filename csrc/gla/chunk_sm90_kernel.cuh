@@ -374,6 +374,13 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   const int v0 = chain * Tr::kBlockV;
   const uint32_t chain_bar = 2 + chain;  // named barrier of this chain's 128 threads
   const int64_t state_offset = (static_cast<int64_t>(n) * p.heads_v + hv) * 128 * 128;
+  // Where S starts (warm == 0): a later segment of a head without warm-ups from the combine's
+  // state, a sequence or its first segment from the call's initial state.
+  const bool later_segment = p.segment_start != nullptr && n % p.segments != 0;
+  const float* start_state = later_segment ? p.segment_start : p.initial_state;
+  const int64_t start_offset =
+      later_segment ? state_offset
+                    : (static_cast<int64_t>(n / p.segments) * p.heads_v + hv) * 128 * 128;
   // S^T (64 v-columns x 128 key dims): sacc[4j + 2i + c] = S[key 8j + frag_col + c][v0 + row].
   float sacc[64];
 #pragma unroll
@@ -386,8 +393,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         if (p.state_map) {
           sacc[4 * j + 2 * i + cc] = key == col ? 1.f : 0.f;
         } else {
-          sacc[4 * j + 2 * i + cc] = p.initial_state != nullptr && warm == 0
-                                         ? p.initial_state[state_offset + key * 128 + col]
+          sacc[4 * j + 2 * i + cc] = start_state != nullptr && warm == 0
+                                         ? start_state[start_offset + key * 128 + col]
                                          : 0.f;
         }
       }

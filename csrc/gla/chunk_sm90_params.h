@@ -11,7 +11,10 @@ struct ChunkSm90Params {
   void* o;                     // (B, T, HV, 128), contiguous, q's dtype; nullptr: state only
   const float* g;              // (B, T, HV), contiguous
   const float* beta;           // (B, T, HV), contiguous; delta rule only
-  const float* initial_state;  // (N, HV, 128, 128), contiguous, or nullptr (zeros)
+  const float* initial_state;  // (N, HV, 128, 128), contiguous, or nullptr (zeros): per sequence
+  const float* segment_start;  // the segment split's last pass: [N * segments][HV][128][128],
+                               // the combine's starting states of the segments after the first
+                               // (written for the heads without warm-ups only), or nullptr
   float* final_state;          // (N, HV, 128, 128), or nullptr (not asked for)
   const void* t_u;             // delta rule: [chunk slots][HV][PackedTu::kElems], q's dtype
   const int* chunk_start;      // varlen: [N + 1] first chunk slot of each sequence (dense: the
@@ -62,7 +65,8 @@ struct ChunkSegmentCombineParams {
   const float* local;           // L_k: [B * segments][HV][128][128]
   const float* maps;            // delta rule: M_k, the same shape
   const float* initial_state;   // [B][HV][128][128], or nullptr (zeros)
-  float* start;                 // out: [B * segments][HV][128][128]; segment 0 for every head
+  float* start;                 // out: [B * segments][HV][128][128], segments 1 and later of
+                                // the heads marked -1 (segment 0 starts from initial_state)
   int heads_v, segments;
 };
 

@@ -137,15 +137,13 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kCombineThreads)
   };
   auto entry = [&](int seg) { return matrix(seg) + row * kDim + col0 + cols; };
 
+  // A head with warm-ups starts its later segments from zero (uniform across the CTA), and
+  // segment 0 reads the initial state itself, so such a head has nothing to do here.
+  if (p.warmup[static_cast<int64_t>(b) * p.segments * p.heads_v + hv] >= 0) return;
   double s[4];
   const int64_t s0 = (static_cast<int64_t>(b) * p.heads_v + hv) * kDim * kDim + row * kDim + col0 + cols;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    s[i] = p.initial_state != nullptr ? p.initial_state[s0 + i] : 0.0;
-    p.start[entry(0) + i] = static_cast<float>(s[i]);
-  }
-  // A head with warm-ups starts its later segments from zero (uniform across the CTA).
-  if (p.warmup[static_cast<int64_t>(b) * p.segments * p.heads_v + hv] >= 0) return;
+  for (int i = 0; i < 4; ++i) s[i] = p.initial_state != nullptr ? p.initial_state[s0 + i] : 0.0;
 
   for (int seg = 0; seg + 1 < p.segments; ++seg) {
     const int64_t at = entry(seg);
