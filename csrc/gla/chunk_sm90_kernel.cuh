@@ -56,6 +56,7 @@
 #include "ptx/cp_async.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
+#include "ptx/mma_sync.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
@@ -562,19 +563,22 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       // last, so none is left).
       if (tid == 0) ptx::bulk_wait_group_read<0>();
       ptx::named_barrier_sync(chain_bar, 128);
-      // Token 8 j + t sits 1024 j bytes after token t in the swizzled tile (the swizzle reads
-      // only the token's low three bits), so four offsets cover this thread's 32 elements.
+      // O^T's 8 x 8 blocks, transposed by stmatrix into the [token][v-column] tile. Matrix m of
+      // step j: v-columns 8 (m & 1) of this warp's 16, tokens 8 (j + (m >> 1)); lane 8 m + k
+      // addresses its token row k. Token 8 j + t sits 1024 j bytes after token t (the swizzle
+      // reads only the token's low three bits), so one address serves every step.
+      const int m = lane / 8;
+      const uint32_t o_row = ptx::smem_addr(stage_o) +
+                             sw128_offset(8 * (m >> 1) + lane % 8, 16 * warp + 8 * (m & 1));
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 8; j += 2) {
+        uint32_t r[4];
 #pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const uint32_t at = sw128_offset(frag_col + cc, frag_row + 8 * i);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            store_at(stage_o, at + 1024 * j,
-                     ptx::from_float<Element>(yacc[4 * j + 2 * i + cc] * p.scale));
-          }
+        for (int mm = 0; mm < 4; ++mm) {
+          const int idx = 4 * (j + (mm >> 1)) + 2 * (mm & 1);
+          r[mm] = ptx::pack2<Element>(yacc[idx] * p.scale, yacc[idx + 1] * p.scale);
         }
+        ptx::stmatrix_x4_trans(o_row + 1024 * j, r);
       }
       ptx::fence_proxy_async_smem();  // read by the TMA store
     }

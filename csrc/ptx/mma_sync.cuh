@@ -36,4 +36,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "memory");  // reads what plain stores of other lanes wrote
 }
 
+// Four 8 x 8 16-bit matrices to shared memory, each transposed: r[j] is this lane's pair of
+// matrix j (row lane / 4, columns 2 (lane % 4) and the next, as ldmatrix gives them), and lane
+// l gives the address of stored row l % 8 of matrix l / 8 (16 bytes): matrix column l % 8.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+               :
+               : "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 }  // namespace dsv4::ptx
