@@ -417,20 +417,27 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   pack_state();
 
   Element* out = static_cast<Element*>(p.o);
-  for (int c = 0; c < num_chunks; ++c) {
-    // No o: a state-only pass or a warm-up chunk (intra-sequence split).
-    const bool write_o = out != nullptr && c >= warm;
-    const int st = c % kStages;
-    const uint32_t phase = (c / kStages) & 1;
-    auto& S = s.stage[st];
-    const int valid_rows = min(kChunk, len - c * kChunk);
-    ptx::mbarrier_wait(ptx::smem_addr(&s.full[st]), phase);
-    ptx::mbarrier_wait(ptx::smem_addr(&s.prep_full[st]), phase);
+  // No o: a state-only pass or a warm-up chunk (intra-sequence split).
+  auto writes_o = [&](int c) { return out != nullptr && c >= warm; };
+  // X and Y read only the loaded q and k, so they wait for the prep only when it normalizes
+  // q and k in place.
+  const bool prep_rewrites_qk = kDelta && p.qk_l2norm;
 
-    // X^T = S^T K^T and Y^T = S^T Q^T (v-column x token).
-    float xacc[32], yacc[32];
-    const uint32_t q_base = ptx::smem_addr(&S.q[0][0][0]);
-    const uint32_t k_base = ptx::smem_addr(&S.k[0][0][0]);
+  // X^T = S^T K^T and Y^T = S^T Q^T (v-column x token) of chunk cn. GLA (Y only) issues them
+  // one chunk ahead, under the previous chunk's o staging, and keeps them in flight into the
+  // loop and across its back edge on every path (ptxas serializes the chain otherwise): the
+  // last chunk issues them once more on its own stage, which nobody refills, and a walk without
+  // chunks on stage 0, which nobody fills; those results are never read. The delta rule issues
+  // them at the top of each chunk: with X and Y in flight beside o, its chain passes 192
+  // registers and ptxas serializes its wgmmas (C7512).
+  constexpr bool kXyAhead = !kDelta;
+  float xacc[32], yacc[32];
+  auto issue_xy = [&](int cn) {
+    const int st = cn % kStages;
+    if (cn < num_chunks) {
+      ptx::mbarrier_wait(ptx::smem_addr(&s.full[st]), (cn / kStages) & 1);
+      if (prep_rewrites_qk) ptx::mbarrier_wait(ptx::smem_addr(&s.prep_full[st]), (cn / kStages) & 1);
+    }
     // acc = S^T X^T over the 128 key dims, X a [K half][token][64] tile of the stage.
     auto st_times = [&](float(&acc)[32], uint32_t x_base) {
 #pragma unroll
@@ -444,13 +451,25 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       ptx::wgmma_commit();
     };
     ptx::wgmma_fence();
-    if constexpr (kDelta) st_times(xacc, k_base);
+    if constexpr (kDelta) st_times(xacc, ptx::smem_addr(&s.stage[st].k[0][0][0]));
     // A state-only pass skips o's products (an empty group keeps the wait counts).
-    if (write_o) {
-      st_times(yacc, q_base);
+    if (writes_o(cn)) {
+      st_times(yacc, ptx::smem_addr(&s.stage[st].q[0][0][0]));
     } else {
       ptx::wgmma_commit();
     }
+  };
+  if constexpr (kXyAhead) issue_xy(0);
+
+  for (int c = 0; c < num_chunks; ++c) {
+    if constexpr (!kXyAhead) issue_xy(c);
+    const bool write_o = writes_o(c);
+    const int st = c % kStages;
+    const uint32_t phase = (c / kStages) & 1;
+    auto& S = s.stage[st];
+    const int valid_rows = min(kChunk, len - c * kChunk);
+    const uint32_t k_base = ptx::smem_addr(&S.k[0][0][0]);
+    if (!prep_rewrites_qk) ptx::mbarrier_wait(ptx::smem_addr(&s.prep_full[st]), phase);
 
     // V^T in the accumulator layout (v-column x token), from the swizzled v tile.
     const uint8_t* v_tile = reinterpret_cast<const uint8_t*>(&S.v[chain][0][0]);
@@ -557,6 +576,19 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     ptx::mbarrier_arrive(ptx::smem_addr(&s.empty[st]));  // last read of this stage
 
     pack_state();
+    // O^T * scale in 16 bits: o_pack[j][i] is the pair at rows 8 i, columns 8 j + frag_col, of
+    // this thread's fragment (yacc is the next chunk's accumulator from here on).
+    uint32_t o_pack[8][2];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        o_pack[j][i] =
+            ptx::pack2<Element>(yacc[4 * j + 2 * i] * p.scale, yacc[4 * j + 2 * i + 1] * p.scale);
+      }
+    }
+    if constexpr (kXyAhead) issue_xy(min(c + 1, num_chunks - 1));
+
     Element* stage_o = &s.o_stage[chain][0][0];
     if (write_o) {
       // Chunk c - 1's TMA store has read the tile (a partial chunk's readers are the walk's
@@ -572,13 +604,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
                              sw128_offset(8 * (m >> 1) + lane % 8, 16 * warp + 8 * (m & 1));
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {
-        uint32_t r[4];
-#pragma unroll
-        for (int mm = 0; mm < 4; ++mm) {
-          const int idx = 4 * (j + (mm >> 1)) + 2 * (mm & 1);
-          r[mm] = ptx::pack2<Element>(yacc[idx] * p.scale, yacc[idx + 1] * p.scale);
-        }
-        ptx::stmatrix_x4_trans(o_row + 1024 * j, r);
+        ptx::stmatrix_x4_trans(o_row + 1024 * j,
+                               {o_pack[j][0], o_pack[j][1], o_pack[j + 1][0], o_pack[j + 1][1]});
       }
       ptx::fence_proxy_async_smem();  // read by the TMA store
     }
@@ -604,6 +631,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       }
     }
   }
+  if constexpr (kXyAhead) ptx::wgmma_wait<0>();  // the last chunk's repeated Y (unused)
   if (tid == 0) ptx::bulk_wait_group<0>();  // the last stores complete before the CTA exits
 
   if (p.final_state != nullptr &&
