@@ -423,35 +423,33 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   // q and k in place.
   const bool prep_rewrites_qk = kDelta && p.qk_l2norm;
 
-  // X^T = S^T K^T and Y^T = S^T Q^T (v-column x token) of chunk cn. GLA (Y only) issues them
-  // one chunk ahead, under the previous chunk's o staging, and keeps them in flight into the
-  // loop and across its back edge on every path (ptxas serializes the chain otherwise): the
-  // last chunk issues them once more on its own stage, which nobody refills, and a walk without
-  // chunks on stage 0, which nobody fills; those results are never read. The delta rule issues
-  // them at the top of each chunk: with X and Y in flight beside o, its chain passes 192
-  // registers and ptxas serializes its wgmmas (C7512).
-  constexpr bool kXyAhead = !kDelta;
+  // X^T = S^T K^T and Y^T = S^T Q^T (v-column x token). Y is issued one chunk ahead, under the
+  // previous chunk's o staging, and stays in flight into the loop and across its back edge on
+  // every path (ptxas serializes the chain otherwise): the last chunk issues it once more on its
+  // own stage, which nobody refills, and a walk without chunks on stage 0, which nobody fills;
+  // those results are never read. X is issued at the top of its chunk (with both ahead beside
+  // o, the delta chain passes 192 registers and ptxas serializes its wgmmas, C7512).
   float xacc[32], yacc[32];
-  auto issue_xy = [&](int cn) {
+  // acc = S^T X^T over the 128 key dims, X a [K half][token][64] tile of the stage.
+  auto st_times = [&](float(&acc)[32], uint32_t x_base) {
+#pragma unroll
+    for (int cb = 0; cb < 2; ++cb) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t db = ptx::smem_desc_sw128(x_base + cb * kChunk * 128 + kk * 32, 0, 1024);
+        ptx::WgmmaRS<64, Element, 0>::run(acc, sfrag[4 * cb + kk], db, (cb | kk) != 0);
+      }
+    }
+    ptx::wgmma_commit();
+  };
+  auto issue_y = [&](int cn) {
     const int st = cn % kStages;
     if (cn < num_chunks) {
-      ptx::mbarrier_wait(ptx::smem_addr(&s.full[st]), (cn / kStages) & 1);
-      if (prep_rewrites_qk) ptx::mbarrier_wait(ptx::smem_addr(&s.prep_full[st]), (cn / kStages) & 1);
+      const uint32_t phase = (cn / kStages) & 1;
+      ptx::mbarrier_wait(ptx::smem_addr(&s.full[st]), phase);
+      if (prep_rewrites_qk) ptx::mbarrier_wait(ptx::smem_addr(&s.prep_full[st]), phase);
     }
-    // acc = S^T X^T over the 128 key dims, X a [K half][token][64] tile of the stage.
-    auto st_times = [&](float(&acc)[32], uint32_t x_base) {
-#pragma unroll
-      for (int cb = 0; cb < 2; ++cb) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const uint64_t db = ptx::smem_desc_sw128(x_base + cb * kChunk * 128 + kk * 32, 0, 1024);
-          ptx::WgmmaRS<64, Element, 0>::run(acc, sfrag[4 * cb + kk], db, (cb | kk) != 0);
-        }
-      }
-      ptx::wgmma_commit();
-    };
     ptx::wgmma_fence();
-    if constexpr (kDelta) st_times(xacc, ptx::smem_addr(&s.stage[st].k[0][0][0]));
     // A state-only pass skips o's products (an empty group keeps the wait counts).
     if (writes_o(cn)) {
       st_times(yacc, ptx::smem_addr(&s.stage[st].q[0][0][0]));
@@ -459,16 +457,19 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       ptx::wgmma_commit();
     }
   };
-  if constexpr (kXyAhead) issue_xy(0);
+  issue_y(0);
 
   for (int c = 0; c < num_chunks; ++c) {
-    if constexpr (!kXyAhead) issue_xy(c);
     const bool write_o = writes_o(c);
     const int st = c % kStages;
     const uint32_t phase = (c / kStages) & 1;
     auto& S = s.stage[st];
     const int valid_rows = min(kChunk, len - c * kChunk);
     const uint32_t k_base = ptx::smem_addr(&S.k[0][0][0]);
+    if constexpr (kDelta) {
+      ptx::wgmma_fence();
+      st_times(xacc, k_base);  // q and k have landed (issue_y waited)
+    }
     if (!prep_rewrites_qk) ptx::mbarrier_wait(ptx::smem_addr(&s.prep_full[st]), phase);
 
     // V^T in the accumulator layout (v-column x token), from the swizzled v tile.
@@ -587,7 +588,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
             ptx::pack2<Element>(yacc[4 * j + 2 * i] * p.scale, yacc[4 * j + 2 * i + 1] * p.scale);
       }
     }
-    if constexpr (kXyAhead) issue_xy(min(c + 1, num_chunks - 1));
+    issue_y(min(c + 1, num_chunks - 1));
 
     Element* stage_o = &s.o_stage[chain][0][0];
     if (write_o) {
@@ -631,7 +632,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       }
     }
   }
-  if constexpr (kXyAhead) ptx::wgmma_wait<0>();  // the last chunk's repeated Y (unused)
+  ptx::wgmma_wait<0>();  // the last chunk's repeated Y (unused)
   if (tid == 0) ptx::bulk_wait_group<0>();  // the last stores complete before the CTA exits
 
   if (p.final_state != nullptr &&
