@@ -26,9 +26,10 @@
 //                          O^T = e^G Y^T + V_new^T P^T                  (wgmma RS)
 //                          S^T = e^G_last S^T + (w V_new)^T K,  w = e^(G_last - G)  (wgmma RS)
 //                        then S^T is packed to 16 bits in registers as the next chunk's A
-//                        operand, and O goes through the chain's staging tile to HBM: one TMA
-//                        store by its thread 0 for a whole chunk, coalesced stores for a partial
-//                        one (always the walk's last).
+//                        operand, the next chunk's Y is issued, and O goes through the chain's
+//                        staging tile (stmatrix) to HBM while Y runs: one TMA store by its
+//                        thread 0 for a whole chunk, coalesced stores for a partial one (always
+//                        the walk's last).
 //                        A state-only pass (no o) skips Y, O and the prep's P, and so do
 //                        the warm-up chunks a segment may walk before its first token.
 // Gamma_ij = exp(G_i - G_j) is always computed pairwise, and only where it is selected.
