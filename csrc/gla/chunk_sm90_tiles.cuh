@@ -127,10 +127,12 @@ __device__ __forceinline__ void l2norm_rows_in_place(Element* tile, int row) {
 template <int kLd, typename Sync>
 __device__ __forceinline__ void invert_unit_lower_64(__half (*a)[kLd], __half (*t)[kLd], int warp,
                                                      int lane, Sync sync) {
-  // 1. D_w: warp w, lane c < 16 owns column c of block w and runs forward substitution
-  //    (row loads are broadcasts).
-  if (lane < 16) {
-    const int b0 = warp * 16;
+  // 1. D_w: warps 0 and 1 each take two blocks, one per half-warp (the substitution is issue-
+  //    bound, and a second pair of warps would issue the same instructions for idle lanes);
+  //    lane c of a half owns column c and runs forward substitution (row loads are broadcasts
+  //    per half, the halves' rows in different banks).
+  if (warp < 2) {
+    const int b0 = (2 * warp + lane / 16) * 16, c = lane % 16;
     float col[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -142,13 +144,13 @@ __device__ __forceinline__ void invert_unit_lower_64(__half (*a)[kLd], __half (*
 #pragma unroll
         for (int e = 0; e < 8; ++e) arow[8 * q + e] = __half2float(h[e]);
       }
-      float acc = i == lane ? 1.f : 0.f;
+      float acc = i == c ? 1.f : 0.f;
 #pragma unroll
       for (int j = 0; j < i; ++j) acc = fmaf(-arow[j], col[j], acc);
       col[i] = acc;
     }
 #pragma unroll
-    for (int i = 0; i < 16; ++i) t[b0 + i][b0 + lane] = __float2half_rn(col[i]);
+    for (int i = 0; i < 16; ++i) t[b0 + i][b0 + c] = __float2half_rn(col[i]);
   }
   sync();
   auto blk_a = [&](int r, int c) { return &a[16 * r][16 * c]; };
