@@ -107,8 +107,9 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
   }
   __syncthreads();
 
-  // K K^T (token x token), then A = strict_lower(beta_i k_i.k_j) over the chunk's tokens. Rows
-  // past the sequence (zero-filled, or the next sequence's) are selected away, never scaled.
+  // K K^T (token x token), then A = beta_i k_i.k_j over the chunk's tokens, stored whole: the
+  // inverse reads only its strict lower triangle. Rows past the sequence (zero-filled, or the
+  // next sequence's) are selected away, never scaled.
   float acc[32];
   const uint32_t k_base = ptx::smem_addr(&s.k[0][0][0]);
   ptx::wgmma_fence();
@@ -133,32 +134,27 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
     for (int j = 0; j < 8; ++j) {
       const int col = 8 * j + frag_col;
       const bool in = row < valid_rows;
-      *reinterpret_cast<__half2*>(&s.a[row][col]) = __floats2half2_rn(
-          in && row > col ? b * acc[4 * j + 2 * i] : 0.f,
-          in && row > col + 1 ? b * acc[4 * j + 2 * i + 1] : 0.f);
+      *reinterpret_cast<__half2*>(&s.a[row][col]) =
+          __floats2half2_rn(in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
     }
   }
   __syncthreads();
   invert_unit_lower_64<Tr::kLd>(s.a, s.t, warp, lane, [] { __syncthreads(); });
 
-  // The ten lower blocks to HBM (PackedTu), 16 bytes per thread and step, coalesced. Rows past
-  // the sequence are zero.
+  // The ten lower blocks to HBM (PackedTu), 16 bytes per thread and step, coalesced. The
+  // diagonal blocks' upper triangles are already zero; rows past the sequence become zero.
   Element* dst = static_cast<Element*>(p.t_u) +
                  (static_cast<int64_t>(slot) * p.heads_v + hv) * PackedTu::kElems;
 #pragma unroll
   for (int u = tid; u < PackedTu::kElems / 8; u += Tr::kThreads) {
     int row, col0;
     PackedTu::piece(u, row, col0);
-    const uint4 raw = *reinterpret_cast<const uint4*>(&s.t[row][col0]);
+    const uint4 raw = row < valid_rows ? *reinterpret_cast<const uint4*>(&s.t[row][col0])
+                                       : make_uint4(0, 0, 0, 0);
     const __half* h = reinterpret_cast<const __half*>(&raw);
-    const bool in = row < valid_rows;
     uint32_t w[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c0 = col0 + 2 * e;
-      w[e] = ptx::pack2<Element>(in && c0 <= row ? __half2float(h[2 * e]) : 0.f,
-                                 in && c0 + 1 <= row ? __half2float(h[2 * e + 1]) : 0.f);
-    }
+    for (int e = 0; e < 4; ++e) w[e] = ptx::pack2<Element>(__half2float(h[2 * e]), __half2float(h[2 * e + 1]));
     *reinterpret_cast<uint4*>(dst + 8 * u) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
