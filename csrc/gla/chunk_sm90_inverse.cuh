@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
     for (int j = 0; j < 8; ++j) {
       const int col = 8 * j + frag_col;
       const bool in = row < valid_rows;
-      *reinterpret_cast<__half2*>(&s.a[row][col]) =
-          __floats2half2_rn(in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
+      *reinterpret_cast<__half2*>(&s.a[row][col]) = __floats2half2_rn(
+          in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
     }
   }
   __syncthreads();
@@ -154,7 +154,9 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
     const __half* h = reinterpret_cast<const __half*>(&raw);
     uint32_t w[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) w[e] = ptx::pack2<Element>(__half2float(h[2 * e]), __half2float(h[2 * e + 1]));
+    for (int e = 0; e < 4; ++e) {
+      w[e] = ptx::pack2<Element>(__half2float(h[2 * e]), __half2float(h[2 * e + 1]));
+    }
     *reinterpret_cast<uint4*>(dst + 8 * u) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }

@@ -118,8 +118,8 @@ __device__ __forceinline__ void l2norm_rows_in_place(Element* tile, int row) {
 // T = (I + A)^-1 for the strictly lower part of a 64 x 64 A in shared memory (row stride kLd;
 // its diagonal and upper triangle are never read), by one warpgroup (warp 0-3, lane); A is
 // overwritten, T lands in `t`: its upper blocks are not written, and its diagonal blocks'
-// upper triangles are exact zeros. A, T and the E blocks are kept in fp16: its 10-bit mantissa is tf32's, and with
-// unit keys and beta <= 1 every entry is at most 1 in magnitude
+// upper triangles are exact zeros. A, T and the E blocks are kept in fp16: its 10-bit mantissa
+// is tf32's, and with unit keys and beta <= 1 every entry is at most 1 in magnitude
 // (benchmarks/inverse_precision.py: the error of T matches an fp32 workspace's; bf16 is up to
 // 7x worse). Products accumulate in fp32. 16 x 16 blocks (D_a = T_aa):
 //   T_ab = sum_{m=b}^{a-1} E_am T_mb,  E_am = -D_a A_am  (a > b),
