@@ -91,7 +91,8 @@ def check_case(gen, op, b, t, h, hv, gates, with_state, output_final_state=True,
     return q, k, v, g, beta, kw
 
 
-# (B, T, H, HV, gates, initial_state): T straddles the chunk, GVA ratios 1, 2 and 4.
+# (B, T, H, HV, gates, initial_state): T straddles the chunk, GVA ratios 1, 2, 4, 6 and 8 (the
+# delta rule's inverse kernel takes 1, 2, 2 and 4 v-heads per CTA).
 DENSE = [
     pytest.param(2, 1, 2, 2, "mild", True, id="t1-gva1-state"),
     pytest.param(1, 63, 2, 4, "extreme", False, id="t63-gva2-extreme"),
@@ -101,6 +102,8 @@ DENSE = [
     pytest.param(1, 1000, 2, 2, "zero", False, id="t1000-gva1-nodecay"),
     pytest.param(1, 4096, 1, 4, "extreme", True, id="t4096-gva4-extreme-state"),
     pytest.param(1, 4096, 1, 1, "mild", False, id="t4096-gva1"),
+    pytest.param(2, 200, 1, 6, "extreme", True, id="t200-gva6-extreme-state"),
+    pytest.param(1, 130, 1, 8, "mild", False, id="t130-gva8"),
 ]
 
 

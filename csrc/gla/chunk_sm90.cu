@@ -164,7 +164,8 @@ bool chunk_sm90_covers(const ChunkCall& c) {
   if (c.seqlen < 1 || c.num_seqs < 1) return false;  // nothing for a tensor map to describe
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   if (c.num_seqs * c.heads_v > kMaxInt || c.batch * c.seqlen > kMaxInt) return false;
-  // The inverse kernel's grid: one CTA per (chunk, v-head), at most T / 64 + N chunks.
+  // The inverse kernel's grid: one CTA per chunk and up to four v-heads, at most T / 64 + N
+  // chunks.
   if ((c.batch * c.seqlen / 64 + c.num_seqs) * c.heads_v > kMaxInt) return false;
   return tma_compatible(c.q) && tma_compatible(c.k) && tma_compatible(c.v);
 }

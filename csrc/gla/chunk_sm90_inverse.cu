@@ -1,4 +1,5 @@
-// Launch of the delta rule's inverse kernel: one CTA per (chunk, v-head), every chunk at once.
+// Launch of the delta rule's inverse kernel: one CTA per chunk and v-head, or per chunk and two
+// or four v-heads of one qk-head, every chunk at once.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
@@ -10,10 +11,10 @@
 namespace dsv4 {
 namespace {
 
-template <typename Element>
-at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan) {
-  using Tr = ChunkInverseTraits<Element>;
-  auto kernel = chunk_sm90_inverse_kernel<Element>;
+template <typename Element, bool kGrouped>
+at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int heads_per_cta) {
+  using Tr = ChunkInverseTraits<Element, kGrouped>;
+  auto kernel = chunk_sm90_inverse_kernel<Element, kGrouped>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   const CUtensorMap tk = make_tensor_map_bshd("chunk_gated_delta_rule", c.k, "k", Tr::kChunk);
@@ -28,6 +29,7 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan) {
   p.chunks_per_seq = static_cast<int>((c.seqlen + Tr::kChunk - 1) / Tr::kChunk);
   p.heads_v = static_cast<int>(c.heads_v);
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
+  p.heads_per_cta = heads_per_cta;
   p.qk_l2norm = c.qk_l2norm;
 
   // Chunk slots: exact when dense; for varlen an upper bound, sum ceil(len / 64), and the
@@ -35,10 +37,10 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan) {
   const int64_t slots = plan != nullptr
                             ? varlen_tile_capacity(c.seqlen, c.num_seqs, Tr::kChunk)
                             : c.batch * p.chunks_per_seq;
-  const int64_t blocks = slots * c.heads_v;
+  const int64_t blocks = slots * (c.heads_v / p.heads_per_cta);
   TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
-              "chunk_gated_delta_rule: too many (chunk, v-head) pairs for one launch (", blocks,
-              ")");
+              "chunk_gated_delta_rule: too many (chunk, v-head group) pairs for one launch (",
+              blocks, ")");
   at::Tensor t_u = at::empty({slots, c.heads_v, PackedTu::kElems}, c.q.options());
   if (blocks == 0) return t_u;
   p.t_u = t_u.data_ptr();
@@ -51,8 +53,15 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan) {
 }  // namespace
 
 at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan) {
-  if (c.q.scalar_type() == at::kBFloat16) return launch<__nv_bfloat16>(c, plan);
-  return launch<__half>(c, plan);
+  // Up to four v-heads of a qk-head per CTA: more would leave too few CTAs for short calls.
+  const int64_t group = c.heads_v / c.heads_qk;
+  const int heads_per_cta = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  const bool bf16 = c.q.scalar_type() == at::kBFloat16;
+  if (heads_per_cta > 1) {
+    return bf16 ? launch<__nv_bfloat16, true>(c, plan, heads_per_cta)
+                : launch<__half, true>(c, plan, heads_per_cta);
+  }
+  return bf16 ? launch<__nv_bfloat16, false>(c, plan, 1) : launch<__half, false>(c, plan, 1);
 }
 
 }  // namespace dsv4

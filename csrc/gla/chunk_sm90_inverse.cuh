@@ -1,5 +1,6 @@
 // sm90a: the ungated WY inverse of every 64-token chunk of chunk_gated_delta_rule, all chunks
-// in parallel (one CTA, one warpgroup, per (chunk, v-head)):
+// in parallel (one CTA, one warpgroup, per chunk and v-head, or per chunk and two or four
+// v-heads of one qk-head, which then share the k load and K K^T):
 //   T_u = (I + strict_lower(diag(beta) K K^T))^-1.
 // The main kernel needs T = (I + strict_lower(diag(beta) (Gamma . K K^T)))^-1 with
 // Gamma_ij = e^(G_i - G_j), G the chunk's cumulative gate. Since Gamma . X = D X D^-1 for
@@ -25,13 +26,17 @@
 
 namespace dsv4 {
 
-template <typename Element>
+// kGrouped: a CTA takes heads_per_cta v-heads of one qk-head. The kernel is near issue-bound
+// (ncu: 60-70% of issue slots), and the shared k load and K K^T were ~30% of its instructions
+// per v-head. But K K^T then stays live across the v-heads: 80 registers (at 64 and 72 it
+// spills), so 6 CTAs per SM instead of the 8 that 64 registers and 28 KB of shared memory
+// allow. Grouped wins where it can group (H100: 0.967-0.993 of one v-head per CTA at
+// group 2 and 4), and loses 0.5% where it cannot (group 1), which keeps the ungrouped kernel.
+template <typename Element, bool kGrouped>
 struct ChunkInverseTraits {
   static constexpr int kChunk = 64;
   static constexpr int kThreads = 128;
-  static constexpr int kCtasPerSm = 8;  // a chain of small steps, near issue-bound at 8 CTAs
-                                        // (ncu: 60-70% of issue slots); 64 registers and 28 KB
-                                        // of shared memory allow 8
+  static constexpr int kCtasPerSm = kGrouped ? 6 : 8;
   static constexpr int kLd = 72;  // fp16 row stride: 16-byte rows, conflict-free ldmatrix
   struct alignas(1024) SharedStorage {
     union {
@@ -48,20 +53,22 @@ struct ChunkInverseTraits {
   static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "shared memory per SM");
 };
 
-template <typename Element>
-__global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
-                                  ChunkInverseTraits<Element>::kCtasPerSm)
+template <typename Element, bool kGrouped>
+__global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThreads,
+                                  ChunkInverseTraits<Element, kGrouped>::kCtasPerSm)
     chunk_sm90_inverse_kernel(const __grid_constant__ CUtensorMap tmap_k,
                               const ChunkSm90InverseParams p) {
-  using Tr = ChunkInverseTraits<Element>;
+  using Tr = ChunkInverseTraits<Element, kGrouped>;
   constexpr int kChunk = Tr::kChunk;
   extern __shared__ uint8_t smem_raw[];
   auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(
       smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
-  // This CTA's (chunk slot, v-head); the v-heads of one chunk are adjacent and share k in L2.
-  const int hv = blockIdx.x % p.heads_v;
-  const int slot = blockIdx.x / p.heads_v;
+  // This CTA's (chunk slot, v-heads hv0 .. hv0 + heads_per_cta - 1, all of qk-head hv0 / group).
+  const int heads_per_cta = kGrouped ? p.heads_per_cta : 1;
+  const int ctas_per_slot = p.heads_v / heads_per_cta;
+  const int hv0 = blockIdx.x % ctas_per_slot * heads_per_cta;
+  const int slot = blockIdx.x / ctas_per_slot;
   int c, len, tma_row, tma_batch;
   int64_t row_base;
   if (p.sequences != nullptr) {
@@ -94,13 +101,13 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
     ptx::mbarrier_arrive_expect_tx(full, Tr::kLoadBytes);
     for (int cb = 0; cb < 2; ++cb) {
       ptx::tma_load_4d(ptx::smem_addr(&s.k[cb][0][0]), &tmap_k, full, cb * 64, tma_row,
-                       hv / p.group, tma_batch);
+                       hv0 / p.group, tma_batch);
     }
   }
-  if (tid < kChunk) {
-    const int64_t row = row_base + c * kChunk + tid;
-    s.beta[tid] = tid < valid_rows ? p.beta[row * p.heads_v + hv] : 0.f;
-  }
+  // Token tid's beta for the v-head in hand, the next one's loaded while this one is inverted.
+  const float* beta_row = p.beta + (row_base + c * kChunk + tid) * p.heads_v;
+  const bool beta_in = tid < valid_rows;  // (tid < kChunk as well)
+  float beta_next = beta_in ? beta_row[hv0] : 0.f;
   ptx::mbarrier_wait(full, 0);
   if (p.qk_l2norm && tid < kChunk) {
     l2norm_rows_in_place<Element>(&s.k[0][0][0], tid);
@@ -127,38 +134,46 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element>::kThreads,
 #pragma unroll
   for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
   const int frag_row = warp * 16 + lane / 4, frag_col = 2 * (lane % 4);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = frag_row + 8 * i;
-    const float b = s.beta[row];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = 8 * j + frag_col;
-      const bool in = row < valid_rows;
-      *reinterpret_cast<__half2*>(&s.a[row][col]) = __floats2half2_rn(
-          in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
+  for (int h = 0; h < heads_per_cta; ++h) {
+    const int hv = hv0 + h;
+    if (tid < kChunk) {
+      s.beta[tid] = beta_next;
+      if (h + 1 < heads_per_cta) beta_next = beta_in ? beta_row[hv + 1] : 0.f;
     }
-  }
-  __syncthreads();
-  invert_unit_lower_64<Tr::kLd>(s.a, s.t, warp, lane, [] { __syncthreads(); });
+    __syncthreads();  // beta written; the previous v-head's T_u store has read t
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = frag_row + 8 * i;
+      const float b = s.beta[row];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = 8 * j + frag_col;
+        const bool in = row < valid_rows;
+        *reinterpret_cast<__half2*>(&s.a[row][col]) = __floats2half2_rn(
+            in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
+      }
+    }
+    __syncthreads();
+    invert_unit_lower_64<Tr::kLd>(s.a, s.t, warp, lane, [] { __syncthreads(); });
 
-  // The ten lower blocks to HBM (PackedTu), 16 bytes per thread and step, coalesced. The
-  // diagonal blocks' upper triangles are already zero; rows past the sequence become zero.
-  Element* dst = static_cast<Element*>(p.t_u) +
-                 (static_cast<int64_t>(slot) * p.heads_v + hv) * PackedTu::kElems;
+    // The ten lower blocks to HBM (PackedTu), 16 bytes per thread and step, coalesced. The
+    // diagonal blocks' upper triangles are already zero; rows past the sequence become zero.
+    Element* dst = static_cast<Element*>(p.t_u) +
+                   (static_cast<int64_t>(slot) * p.heads_v + hv) * PackedTu::kElems;
 #pragma unroll
-  for (int u = tid; u < PackedTu::kElems / 8; u += Tr::kThreads) {
-    int row, col0;
-    PackedTu::piece(u, row, col0);
-    const uint4 raw = row < valid_rows ? *reinterpret_cast<const uint4*>(&s.t[row][col0])
-                                       : make_uint4(0, 0, 0, 0);
-    const __half* h = reinterpret_cast<const __half*>(&raw);
-    uint32_t w[4];
+    for (int u = tid; u < PackedTu::kElems / 8; u += Tr::kThreads) {
+      int row, col0;
+      PackedTu::piece(u, row, col0);
+      const uint4 raw = row < valid_rows ? *reinterpret_cast<const uint4*>(&s.t[row][col0])
+                                         : make_uint4(0, 0, 0, 0);
+      const __half* x = reinterpret_cast<const __half*>(&raw);
+      uint32_t w[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      w[e] = ptx::pack2<Element>(__half2float(h[2 * e]), __half2float(h[2 * e + 1]));
+      for (int e = 0; e < 4; ++e) {
+        w[e] = ptx::pack2<Element>(__half2float(x[2 * e]), __half2float(x[2 * e + 1]));
+      }
+      *reinterpret_cast<uint4*>(dst + 8 * u) = make_uint4(w[0], w[1], w[2], w[3]);
     }
-    *reinterpret_cast<uint4*>(dst + 8 * u) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 

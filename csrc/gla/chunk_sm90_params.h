@@ -70,7 +70,8 @@ struct ChunkSegmentCombineParams {
   int heads_v, segments;
 };
 
-// The delta rule's inverse kernel (csrc/gla/chunk_sm90_inverse.cuh): one CTA per (chunk, v-head).
+// The delta rule's inverse kernel (csrc/gla/chunk_sm90_inverse.cuh): one CTA per (chunk,
+// heads_per_cta v-heads of one qk-head).
 struct ChunkSm90InverseParams {
   void* t_u;                    // [chunk slots][HV][PackedTu::kElems], q's dtype
   const float* beta;            // (B, T, HV), contiguous
@@ -79,6 +80,7 @@ struct ChunkSm90InverseParams {
   int num_seqs, seqlen;
   int chunks_per_seq;           // dense: ceil(T / 64)
   int heads_v, group;
+  int heads_per_cta;            // divides group
   bool qk_l2norm;
 };
 
