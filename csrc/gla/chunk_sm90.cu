@@ -17,7 +17,7 @@ struct Walk {
   int64_t segments = 1;         // per sequence
   int64_t segment_len = 0;      // tokens, a multiple of 64; 0: the whole sequence
   const int* warmup = nullptr;  // the segment plan (ChunkSm90Params::warmup)
-  bool state_map = false;       // from S = I with v taken as zeros (ChunkSm90Params)
+  float* state_maps = nullptr;  // the state maps' pass beside this one (ChunkSm90Params)
   bool final_per_sequence = false;  // ChunkSm90Params::final_per_sequence
   const float* segment_start = nullptr;  // ChunkSm90Params::segment_start
 };
@@ -67,12 +67,13 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
   p.scale = static_cast<float>(c.scale);
   p.qk_l2norm = c.qk_l2norm;
-  p.state_map = walk.state_map;
+  p.state_maps = walk.state_maps;
   p.warmup = walk.warmup;
   p.segment_start = walk.segment_start;
 
-  // (sequence, segment, v-head)
-  const dim3 grid(static_cast<unsigned>(c.num_seqs * walk.segments * c.heads_v));
+  // (sequence, segment, v-head), twice when the state maps' pass shares the launch
+  const dim3 grid(static_cast<unsigned>(c.num_seqs * walk.segments * c.heads_v *
+                                        (walk.state_maps != nullptr ? 2 : 1)));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tq, tk, tv, to, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -90,7 +91,8 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
 //     gate sum. Two passes in all.
 //     Delta rule: the map is S <- A S + B with A = e^(G_last) I - K^T diag(w beta e^G) T K, a
 //     128 x 128 matrix per chunk. A second state-only pass from S = I with v = 0 gives each
-//     segment's map M_k, and S_(k+1) = M_k S_k + L_k. Three passes in all.
+//     segment's map M_k, and S_(k+1) = M_k S_k + L_k. Three passes in all, the two
+//     state-only ones in one launch.
 //   The combine runs in float64.
 // Then a last pass walks every segment and writes o. No host sync: the plan, the passes and
 // the combine are queued whatever the plan says.
@@ -133,18 +135,15 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
   // The delta rule's inverses, once for all passes: segments start on chunk boundaries.
   at::Tensor t_u;
   if (kDelta) t_u = chunk_sm90_inverse(c, nullptr);
-  // The state-only passes start every segment from zero (or I).
+  // The state-only passes start every segment from zero (the delta rule's maps from I, in the
+  // same launch).
   ChunkCall from_zero = c;
   from_zero.initial_state = std::nullopt;
   at::Tensor local = at::empty({b * n, hv, kDim, kDim}, f32);
-  launch<Element, kDelta>(from_zero, at::Tensor(), local, t_u, walk);
-  at::Tensor maps;
-  if (kDelta) {
-    maps = at::empty({b * n, hv, kDim, kDim}, f32);
-    Walk map_walk = walk;
-    map_walk.state_map = true;
-    launch<Element, true>(from_zero, at::Tensor(), maps, t_u, map_walk);
-  }
+  at::Tensor maps = kDelta ? at::empty({b * n, hv, kDim, kDim}, f32) : at::Tensor();
+  Walk state_walk = walk;
+  if (kDelta) state_walk.state_maps = maps.data_ptr<float>();
+  launch<Element, kDelta>(from_zero, at::Tensor(), local, t_u, state_walk);
   at::Tensor start = at::empty({b * n, hv, kDim, kDim}, f32);
   chunk_sm90_segment_combine(c, n, warmup, gate_sum, local, maps, start);
 

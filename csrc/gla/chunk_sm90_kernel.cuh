@@ -130,8 +130,13 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 
   // This CTA's (work item n: a sequence or a segment, v-head hv). Varlen sequences go in the
   // plan's order, the longest first.
-  const int hv = blockIdx.x % p.heads_v;
-  int n = blockIdx.x / p.heads_v;
+  // The delta rule's two state-only passes share one launch: the grid's second half walks the
+  // state maps (S = I, v taken as zeros) into p.state_maps.
+  const bool state_map = p.state_maps != nullptr && blockIdx.x >= gridDim.x / 2;
+  float* const final_state = state_map ? p.state_maps : p.final_state;
+  const int work = state_map ? blockIdx.x - gridDim.x / 2 : blockIdx.x;
+  const int hv = work % p.heads_v;
+  int n = work / p.heads_v;
   int len, tma_row0, tma_batch;
   int64_t row_base;  // row of the sequence's first token in the (B * T) token rows
   if (p.sequences != nullptr) {
@@ -170,7 +175,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     }
     ptx::fence_barrier_init();
   }
-  if (p.state_map) {  // v is never loaded: its tiles stay zero
+  if (state_map) {  // v is never loaded: its tiles stay zero
     for (int i = threadIdx.x; i < kStages * int(sizeof(s.stage[0].v) / 16);
          i += Tr::kThreads) {
       reinterpret_cast<uint4*>(&s.stage[i % kStages].v[0][0][0])[i / kStages] =
@@ -209,14 +214,14 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       const int row = tma_row0 + c * kChunk;
       if (lane == 0) {
         ptx::mbarrier_arrive_expect_tx(
-            full, (kDelta ? Tr::kLoadBytesDelta : Tr::kLoadBytes) - (p.state_map ? sizeof(S.v) : 0));
+            full, (kDelta ? Tr::kLoadBytesDelta : Tr::kLoadBytes) - (state_map ? sizeof(S.v) : 0));
         for (int cb = 0; cb < 2; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&S.q[cb][0][0]), &tmap_q, full, cb * 64, row, head_qk,
                            tma_batch);
           ptx::tma_load_4d(ptx::smem_addr(&S.k[cb][0][0]), &tmap_k, full, cb * 64, row, head_qk,
                            tma_batch);
         }
-        if (!p.state_map) {
+        if (!state_map) {
           for (int ch = 0; ch < Tr::kChains; ++ch) {
             ptx::tma_load_4d(ptx::smem_addr(&S.v[ch][0][0]), &tmap_v, full, ch * Tr::kBlockV, row,
                              hv, tma_batch);
@@ -392,7 +397,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 #pragma unroll
       for (int cc = 0; cc < 2; ++cc) {
         const int key = 8 * j + frag_col + cc, col = v0 + frag_row + 8 * i;
-        if (p.state_map) {
+        if (state_map) {
           sacc[4 * j + 2 * i + cc] = key == col ? 1.f : 0.f;
         } else {
           sacc[4 * j + 2 * i + cc] = start_state != nullptr && warm == 0
@@ -636,7 +641,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   ptx::wgmma_wait<0>();  // the last chunk's repeated Y (unused)
   if (tid == 0) ptx::bulk_wait_group<0>();  // the last stores complete before the CTA exits
 
-  if (p.final_state != nullptr &&
+  if (final_state != nullptr &&
       (!p.final_per_sequence || n % p.segments == p.segments - 1)) {
     const int64_t final_offset =
         p.final_per_sequence ? (static_cast<int64_t>(n / p.segments) * p.heads_v + hv) * 128 * 128
@@ -648,7 +653,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
           const int key = 8 * j + frag_col + cc, col = v0 + frag_row + 8 * i;
-          p.final_state[final_offset + key * 128 + col] = sacc[4 * j + 2 * i + cc];
+          final_state[final_offset + key * 128 + col] = sacc[4 * j + 2 * i + cc];
         }
       }
     }

@@ -33,8 +33,10 @@ struct ChunkSm90Params {
   int heads_v, group;          // group = HV / H; v-head hv reads qk-head hv / group
   float scale;
   bool qk_l2norm;               // delta rule: l2-normalize q and k rows first
-  bool state_map;               // S_0 = I and v taken as zeros (not loaded): the final state is
-                                // the sequence's state map (the delta rule's segment split)
+  float* state_maps;            // delta rule's segment split, state-only passes: non-null
+                                // doubles the grid, and its second half starts from S_0 = I
+                                // with v taken as zeros (not loaded), so the state written
+                                // here is each work item's state map
   const int* warmup;            // segment split: [N][HV] from the segment plan, or nullptr.
                                 // -1: the head takes the exact combine. w >= 0: a state-only
                                 // pass skips the CTA; the last pass walks w chunks before the
