@@ -130,11 +130,19 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
 
   at::Tensor warmup = at::empty({b * n, hv}, c.q.options().dtype(at::kInt));
   at::Tensor gate_sum = kDelta ? at::Tensor() : at::empty({b * n, hv}, f32.dtype(at::kDouble));
-  chunk_sm90_segment_plan(c, n, seg_len, warmup, gate_sum);
+  const at::Tensor g = c.g.contiguous();
+  const at::Tensor beta = kDelta ? c.beta->contiguous() : at::Tensor();
+  const ChunkSegmentPlanParams plan =
+      chunk_sm90_segment_plan_params(c, n, seg_len, g, beta, warmup, gate_sum);
   const Walk walk{n, seg_len, warmup.data_ptr<int>()};
-  // The delta rule's inverses, once for all passes: segments start on chunk boundaries.
+  // The delta rule's inverses, once for all passes (segments start on chunk boundaries), with
+  // the plan in the same launch.
   at::Tensor t_u;
-  if (kDelta) t_u = chunk_sm90_inverse(c, nullptr);
+  if (kDelta) {
+    t_u = chunk_sm90_inverse(c, nullptr, &plan);
+  } else {
+    chunk_sm90_segment_plan(c, plan);
+  }
   // The state-only passes start every segment from zero (the delta rule's maps from I, in the
   // same launch).
   ChunkCall from_zero = c;

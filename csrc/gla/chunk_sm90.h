@@ -5,20 +5,30 @@
 
 #include "common/sm90_host.h"
 #include "gla/chunk.h"
+#include "gla/chunk_sm90_params.h"
 
 namespace dsv4 {
 
 // Queues the delta rule's inverse kernel (csrc/gla/chunk_sm90_inverse.cuh) on the current
 // stream and returns its output: T_u packed per (chunk slot, v-head), [slots][HV][PackedTu
 // elements] in q's dtype. plan: the varlen plan (slots up to its bound), or nullptr when dense.
-at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan);
+// segment_plan: a segmented call's plan (chunk_sm90_segment_plan_params), run in the same
+// launch, or nullptr.
+at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan,
+                              const ChunkSegmentPlanParams* segment_plan = nullptr);
 
 // The segment split of a dense call (csrc/gla/chunk_sm90_segments.cuh), `segments` segments of
 // `segment_len` tokens per sequence. The plan fills warmup (B * segments, HV) int32 and, for
-// simple GLA, gate_sum (B * segments, HV) float64. The combine fills start (B * segments, HV,
-// 128, 128) fp32 from local (L_k) and, for the delta rule, maps (M_k), both of that shape.
-void chunk_sm90_segment_plan(const ChunkCall& c, int64_t segments, int64_t segment_len,
-                             at::Tensor& warmup, at::Tensor& gate_sum);
+// simple GLA, gate_sum (B * segments, HV) float64; it reads g and (delta rule) beta, dense
+// (B, T, HV) fp32 that the caller keeps alive until the launch is queued. The plan runs as a
+// kernel of its own (chunk_sm90_segment_plan) or inside the inverse kernel's launch. The
+// combine fills start (B * segments, HV, 128, 128) fp32 from local (L_k) and, for the delta
+// rule, maps (M_k), both of that shape.
+ChunkSegmentPlanParams chunk_sm90_segment_plan_params(const ChunkCall& c, int64_t segments,
+                                                      int64_t segment_len, const at::Tensor& g,
+                                                      const at::Tensor& beta, at::Tensor& warmup,
+                                                      at::Tensor& gate_sum);
+void chunk_sm90_segment_plan(const ChunkCall& c, const ChunkSegmentPlanParams& p);
 void chunk_sm90_segment_combine(const ChunkCall& c, int64_t segments, const at::Tensor& warmup,
                                 const at::Tensor& gate_sum, const at::Tensor& local,
                                 const at::Tensor& maps, at::Tensor& start);

@@ -12,7 +12,8 @@ namespace dsv4 {
 namespace {
 
 template <typename Element, bool kGrouped>
-at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int heads_per_cta) {
+at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int heads_per_cta,
+                  const ChunkSegmentPlanParams* segment_plan) {
   using Tr = ChunkInverseTraits<Element, kGrouped>;
   auto kernel = chunk_sm90_inverse_kernel<Element, kGrouped>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -31,13 +32,15 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
   p.heads_per_cta = heads_per_cta;
   p.qk_l2norm = c.qk_l2norm;
+  p.plan_ctas = segment_plan != nullptr ? static_cast<int>(c.batch * c.heads_v) : 0;
+  if (segment_plan != nullptr) p.segment_plan = *segment_plan;
 
   // Chunk slots: exact when dense; for varlen an upper bound, sum ceil(len / 64), and the
   // slots past the plan's total return at once.
   const int64_t slots = plan != nullptr
                             ? varlen_tile_capacity(c.seqlen, c.num_seqs, Tr::kChunk)
                             : c.batch * p.chunks_per_seq;
-  const int64_t blocks = slots * (c.heads_v / p.heads_per_cta);
+  const int64_t blocks = slots * (c.heads_v / p.heads_per_cta) + p.plan_ctas;
   TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
               "chunk_gated_delta_rule: too many (chunk, v-head group) pairs for one launch (",
               blocks, ")");
@@ -52,16 +55,18 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int
 
 }  // namespace
 
-at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan) {
+at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan,
+                              const ChunkSegmentPlanParams* segment_plan) {
   // Up to four v-heads of a qk-head per CTA: more would leave too few CTAs for short calls.
   const int64_t group = c.heads_v / c.heads_qk;
   const int heads_per_cta = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
   const bool bf16 = c.q.scalar_type() == at::kBFloat16;
   if (heads_per_cta > 1) {
-    return bf16 ? launch<__nv_bfloat16, true>(c, plan, heads_per_cta)
-                : launch<__half, true>(c, plan, heads_per_cta);
+    return bf16 ? launch<__nv_bfloat16, true>(c, plan, heads_per_cta, segment_plan)
+                : launch<__half, true>(c, plan, heads_per_cta, segment_plan);
   }
-  return bf16 ? launch<__nv_bfloat16, false>(c, plan, 1) : launch<__half, false>(c, plan, 1);
+  return bf16 ? launch<__nv_bfloat16, false>(c, plan, 1, segment_plan)
+              : launch<__half, false>(c, plan, 1, segment_plan);
 }
 
 }  // namespace dsv4

@@ -18,6 +18,7 @@
 
 #include "attention/varlen_device.cuh"
 #include "gla/chunk_sm90_params.h"
+#include "gla/chunk_sm90_segments.cuh"
 #include "gla/chunk_sm90_tiles.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
@@ -38,6 +39,7 @@ struct ChunkInverseTraits {
   static constexpr int kThreads = 128;
   static constexpr int kCtasPerSm = kGrouped ? 6 : 8;
   static constexpr int kLd = 72;  // fp16 row stride: 16-byte rows, conflict-free ldmatrix
+  static constexpr int kMaxHeadsPerCta = kGrouped ? 4 : 1;
   struct alignas(1024) SharedStorage {
     union {
       Element k[2][kChunk][64];  // [K half][token][64], 128-byte swizzle (TMA); dead once
@@ -45,7 +47,7 @@ struct ChunkInverseTraits {
       __half t[kChunk][kLd];
     };
     __half a[kChunk][kLd];
-    float beta[kChunk];
+    float beta[kMaxHeadsPerCta][kChunk];  // [v-head of the CTA][token]
     uint64_t full;
   };
   static constexpr uint32_t kLoadBytes = sizeof(Element) * 2 * kChunk * 64;
@@ -64,11 +66,18 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
   auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(
       smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
+  // A segmented call's plan rides in this launch, its CTAs first: it needs none of this
+  // kernel's results, and the chunk passes after this launch need both.
+  if (static_cast<int>(blockIdx.x) < p.plan_ctas) {
+    segment_plan<Element, true, Tr::kThreads>(p.segment_plan, blockIdx.x);
+    return;
+  }
+  const int block = blockIdx.x - p.plan_ctas;
   // This CTA's (chunk slot, v-heads hv0 .. hv0 + heads_per_cta - 1, all of qk-head hv0 / group).
   const int heads_per_cta = kGrouped ? p.heads_per_cta : 1;
   const int ctas_per_slot = p.heads_v / heads_per_cta;
-  const int hv0 = blockIdx.x % ctas_per_slot * heads_per_cta;
-  const int slot = blockIdx.x / ctas_per_slot;
+  const int hv0 = block % ctas_per_slot * heads_per_cta;
+  const int slot = block / ctas_per_slot;
   int c, len, tma_row, tma_batch;
   int64_t row_base;
   if (p.sequences != nullptr) {
@@ -104,10 +113,14 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
                        hv0 / p.group, tma_batch);
     }
   }
-  // Token tid's beta for the v-head in hand, the next one's loaded while this one is inverted.
-  const float* beta_row = p.beta + (row_base + c * kChunk + tid) * p.heads_v;
-  const bool beta_in = tid < valid_rows;  // (tid < kChunk as well)
-  float beta_next = beta_in ? beta_row[hv0] : 0.f;
+  // Token tid's beta for each of the CTA's v-heads, read while k lands (in shared memory, not
+  // registers: the grouped kernel is at its register cap).
+  if (tid < kChunk) {
+    const float* beta_row = p.beta + (row_base + c * kChunk + tid) * p.heads_v + hv0;
+    for (int h = 0; h < heads_per_cta; ++h) {
+      s.beta[h][tid] = tid < valid_rows ? beta_row[h] : 0.f;
+    }
+  }
   ptx::mbarrier_wait(full, 0);
   if (p.qk_l2norm && tid < kChunk) {
     l2norm_rows_in_place<Element>(&s.k[0][0][0], tid);
@@ -136,15 +149,11 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
   const int frag_row = warp * 16 + lane / 4, frag_col = 2 * (lane % 4);
   for (int h = 0; h < heads_per_cta; ++h) {
     const int hv = hv0 + h;
-    if (tid < kChunk) {
-      s.beta[tid] = beta_next;
-      if (h + 1 < heads_per_cta) beta_next = beta_in ? beta_row[hv + 1] : 0.f;
-    }
-    __syncthreads();  // beta written; the previous v-head's T_u store has read t
+    if (h > 0) __syncthreads();  // the previous v-head's T_u store has read t
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = frag_row + 8 * i;
-      const float b = s.beta[row];
+      const float b = s.beta[h][row];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col = 8 * j + frag_col;

@@ -84,6 +84,8 @@ struct ChunkSm90InverseParams {
   int heads_v, group;
   int heads_per_cta;            // divides group
   bool qk_l2norm;
+  int plan_ctas;                // a segmented call's plan CTAs (B * HV), ahead of the inverse's
+  ChunkSegmentPlanParams segment_plan;
 };
 
 }  // namespace dsv4

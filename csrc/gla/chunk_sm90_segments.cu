@@ -18,12 +18,12 @@ bool warmups_allowed() {
 
 }  // namespace
 
-void chunk_sm90_segment_plan(const ChunkCall& c, int64_t segments, int64_t segment_len,
-                             at::Tensor& warmup, at::Tensor& gate_sum) {
+ChunkSegmentPlanParams chunk_sm90_segment_plan_params(const ChunkCall& c, int64_t segments,
+                                                      int64_t segment_len, const at::Tensor& g,
+                                                      const at::Tensor& beta, at::Tensor& warmup,
+                                                      at::Tensor& gate_sum) {
   using Tr = ChunkSegmentTraits;
   const bool delta = c.rule == ChunkRule::kGatedDelta;
-  const at::Tensor g = c.g.contiguous();
-  const at::Tensor beta = delta ? c.beta->contiguous() : at::Tensor();
   ChunkSegmentPlanParams p;
   p.k = delta ? c.k.data_ptr() : nullptr;
   p.k_stride_b = c.k.stride(0);
@@ -41,10 +41,15 @@ void chunk_sm90_segment_plan(const ChunkCall& c, int64_t segments, int64_t segme
   // A warm-up longer than a segment would cost more than the exact combine's passes.
   p.max_warmup_chunks = warmups_allowed() ? static_cast<int>(segment_len / Tr::kChunk) : 0;
   p.qk_l2norm = c.qk_l2norm;
+  return p;
+}
+
+void chunk_sm90_segment_plan(const ChunkCall& c, const ChunkSegmentPlanParams& p) {
+  using Tr = ChunkSegmentTraits;
   const unsigned grid = static_cast<unsigned>(c.batch * c.heads_v);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool bf16 = c.q.scalar_type() == at::kBFloat16;
-  if (delta) {
+  if (c.rule == ChunkRule::kGatedDelta) {
     (bf16 ? chunk_segment_plan_kernel<__nv_bfloat16, true> : chunk_segment_plan_kernel<__half, true>)
         <<<grid, Tr::kPlanThreads, 0, stream>>>(p);
   } else {

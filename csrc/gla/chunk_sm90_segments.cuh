@@ -40,11 +40,13 @@ __device__ __forceinline__ T warp_sum(T x) {
   return __shfl_sync(0xffffffff, x, 0);  // one value for the whole warp, whatever the order
 }
 
-template <typename Element, bool kDelta>
-__global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
-    chunk_segment_plan_kernel(const ChunkSegmentPlanParams p) {
+// The plan of (sequence, v-head) `cta`, by a CTA of kThreads threads: the plan kernel's body,
+// and the delta rule's inverse kernel runs it in CTAs of its own launch (the plan then costs
+// neither a launch nor time on the stream: measured 5-10 us as a kernel of its own).
+template <typename Element, bool kDelta, int kThreads>
+__device__ __forceinline__ void segment_plan(const ChunkSegmentPlanParams& p, unsigned cta) {
   using Tr = ChunkSegmentTraits;
-  const int hv = blockIdx.x % p.heads_v, b = blockIdx.x / p.heads_v;
+  const int hv = cta % p.heads_v, b = cta / p.heads_v;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __shared__ int exact;  // some segment found no warm-up: the whole head takes the combine
   if (threadIdx.x == 0) exact = 0;
@@ -58,7 +60,7 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
       const Element* row = static_cast<const Element*>(p.k) + b * p.k_stride_b +
                            t * p.k_stride_t + (hv / p.group) * p.k_stride_h;
       float sq = 0.f;
-#pragma unroll
+#pragma unroll 4
       for (int part = 0; part < Tr::kDim / 8; ++part) {
         const uint4 raw = reinterpret_cast<const uint4*>(row)[part];
         const Element* x = reinterpret_cast<const Element*>(&raw);
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
     return f;
   };
 
-  for (int seg = warp; seg < p.segments; seg += Tr::kPlanThreads / 32) {
+  for (int seg = warp; seg < p.segments; seg += kThreads / 32) {
     const int first = seg * p.segment_len;
     const int64_t out = (static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv;
     int warm = 0;  // segment 0 starts from the call's initial state
@@ -93,18 +95,18 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
   }
   __syncthreads();
   if (!exact) return;  // uniform: read after the barrier
-  for (int seg = threadIdx.x; seg < p.segments; seg += Tr::kPlanThreads) {
+  for (int seg = threadIdx.x; seg < p.segments; seg += kThreads) {
     p.warmup[(static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv] = -1;
   }
   if constexpr (!kDelta) {
     // Simple GLA's exact combine needs each segment's gate sum: the whole CTA per segment,
     // only for the heads that take it.
-    __shared__ double partial[Tr::kPlanThreads / 32];
+    __shared__ double partial[kThreads / 32];
     for (int seg = 0; seg < p.segments; ++seg) {
       const int first = seg * p.segment_len, end = min(first + p.segment_len, p.seqlen);
       double sum = 0.0;
 #pragma unroll 8
-      for (int t = first + threadIdx.x; t < end; t += Tr::kPlanThreads) {
+      for (int t = first + threadIdx.x; t < end; t += kThreads) {
         sum += p.g[(static_cast<int64_t>(b) * p.seqlen + t) * p.heads_v + hv];
       }
       sum = warp_sum(sum);
@@ -112,12 +114,18 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
       __syncthreads();
       if (threadIdx.x == 0) {
         double total = 0.0;
-        for (int w = 0; w < Tr::kPlanThreads / 32; ++w) total += partial[w];
+        for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
         p.gate_sum[(static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv] = total;
       }
       __syncthreads();  // partial is reused by the next segment
     }
   }
+}
+
+template <typename Element, bool kDelta>
+__global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
+    chunk_segment_plan_kernel(const ChunkSegmentPlanParams p) {
+  segment_plan<Element, kDelta, ChunkSegmentTraits::kPlanThreads>(p, blockIdx.x);
 }
 
 template <bool kDelta>
