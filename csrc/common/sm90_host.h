@@ -3,7 +3,11 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
 #include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <utility>
 
 #include "attention/varlen_schedule.h"
 
@@ -16,6 +20,25 @@ struct DeviceInfo {
 
 // Queried once per device.
 const DeviceInfo& device_info(int device);
+
+// Queues kernel<<<grid, block, smem, stream>>>(args...). follows_previous: by programmatic
+// dependent launch (ptx::griddep_wait and griddep_launch_dependents say what the kernel must
+// do), so that its CTAs are resident when the kernel before it, the same op's, finishes.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, bool follows_previous, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute follow;
+  follow.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  follow.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &follow;
+  config.numAttrs = follows_previous ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
 
 // DSV4_DISABLE_SM90=1 routes every op to the reference path (for tests and timing).
 bool sm90_disabled_by_env();

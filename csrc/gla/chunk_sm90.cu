@@ -74,9 +74,11 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   // (sequence, segment, v-head), twice when the state maps' pass shares the launch
   const dim3 grid(static_cast<unsigned>(c.num_seqs * walk.segments * c.heads_v *
                                         (walk.state_maps != nullptr ? 2 : 1)));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tq, tk, tv, to, p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Right behind the op's own previous kernel (the inverse, the varlen plan, or a segment
+  // split's plan, state-only pass or combine), this launch follows it programmatically.
+  const bool follows_own_kernel = kDelta || c.cu_seqlens || walk.warmup != nullptr;
+  launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes,
+                at::cuda::getCurrentCUDAStream(), follows_own_kernel, tq, tk, tv, to, p);
 }
 
 // A long sequence is cut into segments walked in parallel when the unsplit grid leaves at

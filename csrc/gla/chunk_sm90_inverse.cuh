@@ -66,6 +66,8 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
   auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(
       smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
 
+  // The chunk kernel after this one may be queued at once (it waits for this grid itself).
+  ptx::griddep_launch_dependents();
   // A segmented call's plan rides in this launch, its CTAs first: it needs none of this
   // kernel's results, and the chunk passes after this launch need both.
   if (static_cast<int>(blockIdx.x) < p.plan_ctas) {

@@ -130,6 +130,11 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 
   // This CTA's (work item n: a sequence or a segment, v-head hv). Varlen sequences go in the
   // plan's order, the longest first.
+  // Launched programmatically behind the op's previous kernel (launch_kernel): nothing it
+  // writes is read before this wait. The next kernel, the op's as well, may then be queued.
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+
   // The delta rule's two state-only passes share one launch: the grid's second half walks the
   // state maps (S = I, v taken as zeros) into p.state_maps.
   const bool state_map = p.state_maps != nullptr && blockIdx.x >= gridDim.x / 2;

@@ -80,12 +80,11 @@ void chunk_sm90_segment_combine(const ChunkCall& c, int64_t segments, const at::
     C10_CUDA_CHECK(cudaFuncSetAttribute(chunk_segment_combine_kernel<true>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(Tr::kCombineSmemBytes)));
-    chunk_segment_combine_kernel<true>
-        <<<grid, Tr::kCombineThreads, Tr::kCombineSmemBytes, stream>>>(p);
-  } else {
-    chunk_segment_combine_kernel<false><<<grid, Tr::kCombineThreads, 0, stream>>>(p);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Right behind the state-only pass: follows it programmatically.
+  launch_kernel(delta ? chunk_segment_combine_kernel<true> : chunk_segment_combine_kernel<false>,
+                dim3(grid), dim3(Tr::kCombineThreads), delta ? Tr::kCombineSmemBytes : 0, stream,
+                true, p);
 }
 
 }  // namespace dsv4

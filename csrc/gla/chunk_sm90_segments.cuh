@@ -19,6 +19,7 @@
 
 #include "gla/chunk_sm90_params.h"
 #include "ptx/math.cuh"
+#include "ptx/sync.cuh"
 
 namespace dsv4 {
 
@@ -125,6 +126,7 @@ __device__ __forceinline__ void segment_plan(const ChunkSegmentPlanParams& p, un
 template <typename Element, bool kDelta>
 __global__ void __launch_bounds__(ChunkSegmentTraits::kPlanThreads)
     chunk_segment_plan_kernel(const ChunkSegmentPlanParams p) {
+  ptx::griddep_launch_dependents();  // the state-only pass waits for this grid itself
   segment_plan<Element, kDelta, ChunkSegmentTraits::kPlanThreads>(p, blockIdx.x);
 }
 
@@ -144,6 +146,9 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kCombineThreads)
     return ((static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv) * kDim * kDim;
   };
   auto entry = [&](int seg) { return matrix(seg) + row * kDim + col0 + cols; };
+  // Launched programmatically behind the state-only pass, which wrote local and maps.
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
 
   // A head with warm-ups starts its later segments from zero (uniform across the CTA), and
   // segment 0 reads the initial state itself, so such a head has nothing to do here.

@@ -34,6 +34,16 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Programmatic dependent launch. A grid launched with programmatic stream serialization
+// (launch_kernel in common/sm90_host.h) may start once every CTA of the grid before it on the
+// stream has called griddep_launch_dependents or exited, and must griddep_wait, in every CTA,
+// before it touches global memory: the wait returns when the grids before it have completed
+// and their writes are visible (at once in a grid launched without the attribute).
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // gridDim.x, read where it is used: a persistent loop's `work += gridDim.x` otherwise keeps it in
 // a register through the whole loop body (the head_dim-512 consumers spilled it).
 __device__ __forceinline__ int grid_ctas() {
