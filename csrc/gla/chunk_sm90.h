@@ -20,8 +20,9 @@ at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffer
 // The segment split of a dense call (csrc/gla/chunk_sm90_segments.cuh), `segments` segments of
 // `segment_len` tokens per sequence. The plan fills warmup (B * segments, HV) int32 and, for
 // simple GLA, gate_sum (B * segments, HV) float64; it reads g and (delta rule) beta, dense
-// (B, T, HV) fp32 that the caller keeps alive until the launch is queued. The plan runs as a
-// kernel of its own (chunk_sm90_segment_plan) or inside the inverse kernel's launch. The
+// (B, T, HV) fp32 that the caller keeps alive until the launch is queued. Simple GLA's plan
+// runs as a kernel of its own (chunk_sm90_segment_plan), the delta rule's inside the inverse
+// kernel's launch. The
 // combine fills start (B * segments, HV, 128, 128) fp32 from local (L_k) and, for the delta
 // rule, maps (M_k), both of that shape.
 ChunkSegmentPlanParams chunk_sm90_segment_plan_params(const ChunkCall& c, int64_t segments,

@@ -46,15 +46,11 @@ ChunkSegmentPlanParams chunk_sm90_segment_plan_params(const ChunkCall& c, int64_
 
 void chunk_sm90_segment_plan(const ChunkCall& c, const ChunkSegmentPlanParams& p) {
   using Tr = ChunkSegmentTraits;
+  // The delta rule's plan runs in the inverse kernel's launch (chunk_sm90_inverse).
+  TORCH_INTERNAL_ASSERT(c.rule == ChunkRule::kSimpleGla, "the plan kernel is simple GLA's");
   const unsigned grid = static_cast<unsigned>(c.batch * c.heads_v);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool bf16 = c.q.scalar_type() == at::kBFloat16;
-  if (c.rule == ChunkRule::kGatedDelta) {
-    (bf16 ? chunk_segment_plan_kernel<__nv_bfloat16, true> : chunk_segment_plan_kernel<__half, true>)
-        <<<grid, Tr::kPlanThreads, 0, stream>>>(p);
-  } else {
-    chunk_segment_plan_kernel<__nv_bfloat16, false><<<grid, Tr::kPlanThreads, 0, stream>>>(p);
-  }
+  chunk_segment_plan_kernel<__nv_bfloat16, false>
+      <<<grid, Tr::kPlanThreads, 0, at::cuda::getCurrentCUDAStream()>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
