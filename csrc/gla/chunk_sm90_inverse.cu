@@ -21,7 +21,7 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int
   const CUtensorMap tk = make_tensor_map_bshd("chunk_gated_delta_rule", c.k, "k", Tr::kChunk);
   const at::Tensor beta = c.beta->contiguous();
 
-  ChunkSm90InverseParams p;
+  ChunkSm90InverseParams p{};  // segment_plan stays zero without a plan
   p.beta = beta.data_ptr<float>();
   p.sequences = plan != nullptr ? plan->sequences : nullptr;
   p.chunk_start = plan != nullptr ? plan->chunk_start : nullptr;
