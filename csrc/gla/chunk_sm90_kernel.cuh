@@ -483,10 +483,28 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     }
     if (!prep_rewrites_qk) ptx::mbarrier_wait(ptx::smem_addr(&s.prep_full[st]), phase);
 
-    // V^T in the accumulator layout (v-column x token), from the swizzled v tile.
-    const uint8_t* v_tile = reinterpret_cast<const uint8_t*>(&S.v[chain][0][0]);
-    auto v_at = [&](int token, int col) {
-      return ptx::to_float(*reinterpret_cast<const Element*>(v_tile + sw128_offset(token, col)));
+    // V^T in the accumulator layout (v-column x token) by ldmatrix.trans from the swizzled
+    // [token][v-column] tile: matrix m of step u is tokens 16 u + 8 (m >> 1) by v-columns
+    // 16 warp + 8 (m & 1), so pair (i, j) of the fragment (v-column frag_row + 8 i, tokens
+    // 8 j + frag_col + {0, 1}) is v_pairs[j / 2][i + 2 (j % 2)]. Four instructions where
+    // 32 two-byte loads and their swizzle arithmetic sat on the chain.
+    uint32_t v_pairs[4][4];
+    {
+      const int m = lane / 8;
+      // Token 16 u + t sits 2048 u bytes after token t (the swizzle reads its low three bits).
+      const uint32_t v_row = ptx::smem_addr(&S.v[chain][0][0]) +
+                             sw128_offset(8 * (m >> 1) + lane % 8, 16 * warp + 8 * (m & 1));
+#pragma unroll
+      for (int u = 0; u < 4; ++u) ptx::ldmatrix_x4_trans(v_pairs[u], v_row + 2048 * u);
+    }
+    auto v_pair = [&](int i, int j) {
+      return reinterpret_cast<const Element*>(&v_pairs[j / 2][i + 2 * (j % 2)]);
+    };
+    // e^G of this thread's token pairs (8 j + frag_col + {0, 1}), read as pairs.
+    float2 eg_pair[8];
+    auto load_eg = [&] {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) eg_pair[j] = load_at<float2>(S.eg, 4 * (8 * j + frag_col));
     };
     float vnew[32];  // V_new^T
     if constexpr (kDelta) {
@@ -496,18 +514,17 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       ptx::wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 32; ++i) ptx::fence_operand(xacc[i]);
+      load_eg();
       uint32_t xfrag[4][4];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
+        const float2 beta = load_at<float2>(S.beta, 4 * (8 * j + frag_col));
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
+          const Element* v = v_pair(i, j);
           float x[2];
-#pragma unroll
-          for (int cc = 0; cc < 2; ++cc) {
-            const int token = 8 * j + frag_col + cc;
-            x[cc] = S.beta[token] *
-                    (v_at(token, frag_row + 8 * i) - S.eg[token] * xacc[4 * j + 2 * i + cc]);
-          }
+          x[0] = beta.x * (ptx::to_float(v[0]) - eg_pair[j].x * xacc[4 * j + 2 * i]);
+          x[1] = beta.y * (ptx::to_float(v[1]) - eg_pair[j].y * xacc[4 * j + 2 * i + 1]);
           // A fragment of k-step j / 2: registers {rows r, r+8} x {cols 0-7, 8-15}.
           xfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(x[0], x[1]);
         }
@@ -529,15 +546,13 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         for (int i = 0; i < 2; ++i) {
 #pragma unroll
           for (int cc = 0; cc < 2; ++cc) {
-            // Loaded unconditionally (always inside the tile), then selected: a conditional
-            // shared load compiles to a divergent branch around each of the 32 loads.
             const int token = 8 * j + frag_col + cc;
-            const float v = v_at(token, frag_row + 8 * i);
-            vnew[4 * j + 2 * i + cc] = token < valid_rows ? v : 0.f;
+            vnew[4 * j + 2 * i + cc] = token < valid_rows ? ptx::to_float(v_pair(i, j)[cc]) : 0.f;
           }
         }
       }
       ptx::wgmma_wait<0>();
+      load_eg();
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) ptx::fence_operand(yacc[i]);
@@ -546,12 +561,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     uint32_t vfrag[4][4], wfrag[4][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      float e_g[2], w[2];
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        e_g[cc] = S.eg[8 * j + frag_col + cc];
-        w[cc] = S.w[8 * j + frag_col + cc];
-      }
+      const float e_g[2] = {eg_pair[j].x, eg_pair[j].y};
+      const float2 w_pair = load_at<float2>(S.w, 4 * (8 * j + frag_col));
+      const float w[2] = {w_pair.x, w_pair.y};
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int idx = 4 * j + 2 * i;
