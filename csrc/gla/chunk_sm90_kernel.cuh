@@ -521,6 +521,25 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) eg_pair[j] = load_at<float2>(S.eg, 4 * (8 * j + frag_col));
     };
+    // e^G Y^T and e^G_last S^T, in place; in the delta rule under V_new's product, where
+    // neither accumulator is in flight.
+    auto gate_y = [&] {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) ptx::fence_operand(yacc[i]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          yacc[4 * j + 2 * i] *= eg_pair[j].x;
+          yacc[4 * j + 2 * i + 1] *= eg_pair[j].y;
+        }
+      }
+    };
+    auto decay_state = [&] {
+      const float chunk_decay = S.eg[kChunk - 1];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sacc[i] *= chunk_decay;
+    };
     float vnew[32];  // V_new^T
     if constexpr (kDelta) {
       // Y as well as X: with Y in flight, its A operand (S^T in 16 bits) would stay live beside
@@ -551,6 +570,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         ptx::WgmmaRS<64, Element, 0>::run(vnew, xfrag[t], db, t != 0);
       }
       ptx::wgmma_commit();
+      gate_y();  // Y landed with X
+      decay_state();
       ptx::wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 32; ++i) ptx::fence_operand(vnew[i]);
@@ -566,31 +587,26 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
           }
         }
       }
+      // (Before this wait, ptxas injects one: C7517.)
       ptx::wgmma_wait<0>();
       load_eg();
+      gate_y();
+      decay_state();
     }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) ptx::fence_operand(yacc[i]);
 
     // O^T = e^G Y^T + V_new^T P^T;  S^T = e^G_last S^T + (w V_new)^T K.
     uint32_t vfrag[4][4], wfrag[4][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float e_g[2] = {eg_pair[j].x, eg_pair[j].y};
       const float2 w_pair = load_at<float2>(S.w, 4 * (8 * j + frag_col));
       const float w[2] = {w_pair.x, w_pair.y};
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int idx = 4 * j + 2 * i;
-        yacc[idx] *= e_g[0];
-        yacc[idx + 1] *= e_g[1];
         vfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(vnew[idx], vnew[idx + 1]);
         wfrag[j / 2][2 * (j % 2) + i] = ptx::pack2<Element>(vnew[idx] * w[0], vnew[idx + 1] * w[1]);
       }
     }
-    const float chunk_decay = S.eg[kChunk - 1];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) sacc[i] *= chunk_decay;
     ptx::wgmma_fence();
     if (write_o) {
 #pragma unroll
