@@ -151,7 +151,6 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
   const int frag_row = warp * 16 + lane / 4, frag_col = 2 * (lane % 4);
   for (int h = 0; h < heads_per_cta; ++h) {
     const int hv = hv0 + h;
-    if (h > 0) __syncthreads();  // the previous v-head's T_u store has read t
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = frag_row + 8 * i;
@@ -164,6 +163,8 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
             in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
       }
     }
+    // A written, and the previous v-head's T_u store has read t (the inversion's last barrier
+    // follows its last read of A, so A could be refilled without one).
     __syncthreads();
     invert_unit_lower_64<Tr::kLd>(s.a, s.t, warp, lane, [] { __syncthreads(); });
 
