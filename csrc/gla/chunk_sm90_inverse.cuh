@@ -40,11 +40,14 @@ struct ChunkInverseTraits {
   static constexpr int kCtasPerSm = kGrouped ? 6 : 8;
   static constexpr int kLd = 72;  // fp16 row stride: 16-byte rows, conflict-free ldmatrix
   static constexpr int kMaxHeadsPerCta = kGrouped ? 4 : 1;
+  // T buffers: grouped, one v-head's T_u is stored by warps 2 and 3 while warps 0 and 1 run the
+  // next one's forward substitution into the other buffer.
+  static constexpr int kTBuffers = kGrouped ? 2 : 1;
   struct alignas(1024) SharedStorage {
     union {
       Element k[2][kChunk][64];  // [K half][token][64], 128-byte swizzle (TMA); dead once
                                  // K K^T has landed (a barrier precedes the first write of t)
-      __half t[kChunk][kLd];
+      __half t[kTBuffers][kChunk][kLd];
     };
     __half a[kChunk][kLd];
     float beta[kMaxHeadsPerCta][kChunk];  // [v-head of the CTA][token]
@@ -149,8 +152,28 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
 #pragma unroll
   for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
   const int frag_row = warp * 16 + lane / 4, frag_col = 2 * (lane % 4);
+  // v-head h's ten lower blocks of T to HBM (PackedTu) by `threads` threads from `first`, 16
+  // bytes per thread and step, coalesced. The diagonal blocks' upper triangles are already
+  // zero; rows past the sequence become zero.
+  auto store_t_u = [&](int h, int first, int threads) {
+    const __half(*t)[Tr::kLd] = s.t[h % Tr::kTBuffers];
+    Element* dst = static_cast<Element*>(p.t_u) +
+                   (static_cast<int64_t>(slot) * p.heads_v + hv0 + h) * PackedTu::kElems;
+    for (int u = tid - first; u < PackedTu::kElems / 8; u += threads) {
+      int row, col0;
+      PackedTu::piece(u, row, col0);
+      const uint4 raw = row < valid_rows ? *reinterpret_cast<const uint4*>(&t[row][col0])
+                                         : make_uint4(0, 0, 0, 0);
+      const __half* x = reinterpret_cast<const __half*>(&raw);
+      uint32_t w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        w[e] = ptx::pack2<Element>(__half2float(x[2 * e]), __half2float(x[2 * e + 1]));
+      }
+      *reinterpret_cast<uint4*>(dst + 8 * u) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  };
   for (int h = 0; h < heads_per_cta; ++h) {
-    const int hv = hv0 + h;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = frag_row + 8 * i;
@@ -163,30 +186,18 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
             in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
       }
     }
-    // A written, and the previous v-head's T_u store has read t (the inversion's last barrier
-    // follows its last read of A, so A could be refilled without one).
+    // A written (the inversion's last barrier follows its last read of A). Grouped: v-head
+    // h - 1's T_u store, by warps 2 and 3 under this inversion's step 1, reads the other T
+    // buffer, and the barrier after step 1 ends it before step 1 of v-head h + 1 writes there.
     __syncthreads();
-    invert_unit_lower_64<Tr::kLd>(s.a, s.t, warp, lane, [] { __syncthreads(); });
-
-    // The ten lower blocks to HBM (PackedTu), 16 bytes per thread and step, coalesced. The
-    // diagonal blocks' upper triangles are already zero; rows past the sequence become zero.
-    Element* dst = static_cast<Element*>(p.t_u) +
-                   (static_cast<int64_t>(slot) * p.heads_v + hv) * PackedTu::kElems;
-#pragma unroll
-    for (int u = tid; u < PackedTu::kElems / 8; u += Tr::kThreads) {
-      int row, col0;
-      PackedTu::piece(u, row, col0);
-      const uint4 raw = row < valid_rows ? *reinterpret_cast<const uint4*>(&s.t[row][col0])
-                                         : make_uint4(0, 0, 0, 0);
-      const __half* x = reinterpret_cast<const __half*>(&raw);
-      uint32_t w[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        w[e] = ptx::pack2<Element>(__half2float(x[2 * e]), __half2float(x[2 * e + 1]));
-      }
-      *reinterpret_cast<uint4*>(dst + 8 * u) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    auto store_previous = [&] {
+      if (kGrouped && h > 0) store_t_u(h - 1, 64, 64);
+    };
+    invert_unit_lower_64<Tr::kLd>(s.a, s.t[h % Tr::kTBuffers], warp, lane,
+                                  [] { __syncthreads(); }, store_previous);
+    if (!kGrouped) store_t_u(h, 0, Tr::kThreads);
   }
+  if (kGrouped) store_t_u(heads_per_cta - 1, 0, Tr::kThreads);
 }
 
 }  // namespace dsv4

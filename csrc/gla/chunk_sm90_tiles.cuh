@@ -124,10 +124,11 @@ __device__ __forceinline__ void l2norm_rows_in_place(Element* tile, int row) {
 // 7x worse). Products accumulate in fp32. 16 x 16 blocks (D_a = T_aa):
 //   T_ab = sum_{m=b}^{a-1} E_am T_mb,  E_am = -D_a A_am  (a > b),
 // evaluated by distance a - b so the four warps work side by side. `sync` is a barrier over the
-// warpgroup's 128 threads.
-template <int kLd, typename Sync>
+// warpgroup's 128 threads; `idle` runs on warps 2 and 3 during step 1 (work of the caller's
+// that touches neither a nor t).
+template <int kLd, typename Sync, typename Idle>
 __device__ __forceinline__ void invert_unit_lower_64(__half (*a)[kLd], __half (*t)[kLd], int warp,
-                                                     int lane, Sync sync) {
+                                                     int lane, Sync sync, Idle idle) {
   // 1. D_w: warps 0 and 1 each take two blocks, one per half-warp (the substitution is issue-
   //    bound, and a second pair of warps would issue the same instructions for idle lanes);
   //    lane c of a half owns column c and runs forward substitution (row loads are broadcasts
@@ -152,6 +153,8 @@ __device__ __forceinline__ void invert_unit_lower_64(__half (*a)[kLd], __half (*
     }
 #pragma unroll
     for (int i = 0; i < 16; ++i) t[b0 + i][b0 + c] = __float2half_rn(col[i]);
+  } else {
+    idle();
   }
   sync();
   auto blk_a = [&](int r, int c) { return &a[16 * r][16 * c]; };
