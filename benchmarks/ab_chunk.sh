@@ -19,6 +19,7 @@ source "$(dirname "$0")/ab_trees.sh"
 start_trees "$LOGS" "${TESTS:-tests/test_chunk_sm90.py tests/test_chunk.py}" \
   scripts/sanitize_chunk.py "$@"
 for t in "${@:2}"; do
+  [[ " ${FAILED_TREES[*]} " == *" $t "* ]] && continue
   echo "== $t against $1"
   python3 benchmarks/ab_gla.py ".scratch/trees/$1" ".scratch/trees/$t" --passes 2 \
     --ops "${OPS:-gated_delta_rule,simple_gla}" ${ROWS:+--rows "$ROWS"} 2>&1 | tail -n 16

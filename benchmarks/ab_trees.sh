@@ -27,17 +27,26 @@ build_trees() {
 }
 
 # check_tree LOGS TREE TESTS SANITIZER: the tests (stopping at the first failure), then
-# racecheck of the sanitizer script when RACECHECK=1.
+# racecheck of the sanitizer script when RACECHECK=1. Both run under a timeout (a deadlocked
+# kernel hangs its process); a tree whose tests fail or time out skips racecheck, is added to
+# FAILED_TREES, and the function returns 1.
+FAILED_TREES=()
 check_tree() {
-  local logs=$1 t=$2 tests=$3 script=$4
+  local logs=$1 t=$2 tests=$3 script=$4 rc
   # shellcheck disable=SC2086  # tests is a list of paths
   (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src timeout 300 python3 -m pytest -q -x -rf \
      -p no:cacheprovider $tests > "$logs/pytest_$t.log" 2>&1)
+  rc=$?
   grep -E '^FAILED' "$logs/pytest_$t.log" | head -n 3 | sed "s/^/$t: /"
   tail -n 1 "$logs/pytest_$t.log" | sed "s/^/$t: /"
+  if [ $rc -ne 0 ]; then
+    echo "$t: tests rc=$rc$([ $rc = 124 ] && echo ' (timed out)'); no racecheck, no timing"
+    FAILED_TREES+=("$t")
+    return 1
+  fi
   if [ "${RACECHECK:-0}" = 1 ]; then
-    (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src compute-sanitizer --tool racecheck \
-       --error-exitcode 3 python3 "$script" > "$logs/racecheck_$t.log" 2>&1
+    (cd ".scratch/trees/$t" && PYTHONPATH=$PWD/src timeout 300 compute-sanitizer \
+       --tool racecheck --error-exitcode 3 python3 "$script" > "$logs/racecheck_$t.log" 2>&1
      echo "$t: racecheck rc=$? $(grep -h 'RACECHECK SUMMARY' "$logs/racecheck_$t.log")")
   fi
 }
