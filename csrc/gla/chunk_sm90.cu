@@ -25,12 +25,12 @@ struct Walk {
 // One launch of the main kernel (after the delta rule's inverse kernel). o: the output, c.v's
 // shape, or undefined for a state-only pass; final_state may be undefined. t_u: the delta rule's
 // inverses when a segmented call already computed them (undefined: computed here).
-template <typename Element, bool kDelta>
+template <typename Element, bool kDelta, bool kFused = false>
 void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at::Tensor t_u = {},
             const Walk& walk = {}) {
   using Tr = ChunkSm90Traits<Element>;
   const char* op = kDelta ? "chunk_gated_delta_rule" : "chunk_simple_gla";
-  auto kernel = chunk_sm90_kernel<Element, kDelta>;
+  auto kernel = chunk_sm90_kernel<Element, kDelta, kFused>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   const CUtensorMap tq = make_tensor_map_bshd(op, c.q, "q", Tr::kChunk);
@@ -40,8 +40,9 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   // device (cu_seqlens is trusted and never read on the host).
   VarlenSequencePlanBuffers plan;
   if (c.cu_seqlens) plan = build_varlen_sequence_plan(*c.cu_seqlens, c.seqlen, Tr::kChunk);
-  // Delta rule: every chunk's ungated inverse first, by a fully parallel kernel.
-  if (kDelta && !t_u.defined()) t_u = chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr);
+  // Delta rule: every chunk's ungated inverse first, by a fully parallel kernel (unless the
+  // prep solves them: kFused).
+  if (kDelta && !kFused && !t_u.defined()) t_u = chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr);
   const CUtensorMap to = o.defined() ? make_tensor_map_bshd(op, o, "o", Tr::kChunk) : tv;
   // Small per-token and per-sequence inputs are read with plain loads: make them dense.
   const at::Tensor g = c.g.contiguous();
@@ -54,7 +55,7 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   p.beta = kDelta ? beta.data_ptr<float>() : nullptr;
   p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
   p.final_state = final_state.defined() ? final_state.data_ptr<float>() : nullptr;
-  p.t_u = kDelta ? t_u.data_ptr() : nullptr;
+  p.t_u = kDelta && !kFused ? t_u.data_ptr() : nullptr;
   p.chunk_start = plan.chunk_start;
   p.chunks_per_seq = static_cast<int>((c.seqlen + Tr::kChunk - 1) / Tr::kChunk);
   p.sequences = plan.sequences;
@@ -76,7 +77,7 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
                                         (walk.state_maps != nullptr ? 2 : 1)));
   // Right behind the op's own previous kernel (the inverse, the varlen plan, or a segment
   // split's plan, state-only pass or combine), this launch follows it programmatically.
-  const bool follows_own_kernel = kDelta || c.cu_seqlens || walk.warmup != nullptr;
+  const bool follows_own_kernel = (kDelta && !kFused) || c.cu_seqlens || walk.warmup != nullptr;
   launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes,
                 at::cuda::getCurrentCUDAStream(), follows_own_kernel, tq, tk, tv, to, p);
 }
@@ -119,6 +120,16 @@ int64_t chunk_segments(const ChunkCall& c) {
   const int64_t sms = device_info(c.q.get_device()).num_sms;
   if (ctas * 2 > sms) return 1;
   return std::max<int64_t>(1, std::min({sms / ctas, chunks / kMinSegmentChunks, most}));
+}
+
+// The delta rule's inverse solved by the chunk kernel's prep (kFused) instead of its own kernel:
+// taken for unsplit dense calls whose grid is more than one wave, where HBM sets the pace and
+// the fused form saves the second read of k and T_u's round trip. DSV4_CHUNK_FUSED=0 or 1
+// forces it off or on (unsplit dense calls only), for tests and timing.
+bool chunk_fused_inverse(const ChunkCall& c) {
+  if (c.cu_seqlens) return false;
+  if (const char* forced = std::getenv("DSV4_CHUNK_FUSED")) return std::atoi(forced) != 0;
+  return c.num_seqs * c.heads_v > device_info(c.q.get_device()).num_sms;
 }
 
 template <typename Element, bool kDelta>
@@ -189,6 +200,10 @@ void chunk_sm90(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
     }
     return bf16 ? launch_segmented<__nv_bfloat16, false>(c, segments, o, final_state)
                 : launch_segmented<__half, false>(c, segments, o, final_state);
+  }
+  if (delta && chunk_fused_inverse(c)) {
+    return bf16 ? launch<__nv_bfloat16, true, true>(c, o, final_state)
+                : launch<__half, true, true>(c, o, final_state);
   }
   if (delta) {
     return bf16 ? launch<__nv_bfloat16, true>(c, o, final_state)

@@ -50,6 +50,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "gla/chunk_sm90_params.h"
@@ -72,6 +73,7 @@ struct ChunkSm90Traits {
   static constexpr int kChains = kDim / kBlockV;  // chain warpgroups per CTA: a whole v-head
   static constexpr int kStages = 3;  // two left the chain waiting for loads and prep (6-9%)
   static constexpr int kThreads = 128 * (2 + kChains);
+  static constexpr int kInvLd = 72;  // fp16 row stride of the fused inverse's tiles
   // setmaxnreg budget: 128 * (producer + prep + chains) <= 64K registers. Every warpgroup
   // starts at the __launch_bounds__ cap of 128; producer and prep give back what the chains take.
   static constexpr int kLaunchRegs = 65536 / kThreads;
@@ -101,17 +103,27 @@ struct ChunkSm90Traits {
     // [chain][token][v-column]: o's TMA box, swizzled. One per chain (two would pass 227 KB):
     // a chunk's TMA store has read it before the next chunk writes it.
     Element o_stage[kChains][kChunk][64];
+    // kFused: the delta rule's A, then its E blocks, one chunk at a time (the prep's inverse).
+    __half inv_a[kChunk][kInvLd];
     uint64_t full[kStages], prep_full[kStages], empty[kStages];
   };
   static constexpr uint32_t kLoadBytes = sizeof(Stage::q) + sizeof(Stage::k) + sizeof(Stage::v);
   static constexpr uint32_t kTuBytes = PackedTu::kElems * sizeof(Element);
   static constexpr uint32_t kLoadBytesDelta = kLoadBytes + kTuBytes;
   static_assert(kTuBytes <= sizeof(Stage::p), "the packed T_u lands in the P tile");
+  // kFused: the prep's T_u (fp16, row stride kInvLd) spans the stage's t and p tiles.
+  static_assert(offsetof(Stage, p) == offsetof(Stage, t) + sizeof(Stage::t) &&
+                    kChunk * kInvLd * sizeof(__half) <= sizeof(Stage::t) + sizeof(Stage::p),
+                "the fused T_u spans the t and p tiles");
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
-template <typename Element, bool kDelta>
+// kFused (delta rule only): the prep solves each chunk's ungated inverse itself (K K^T by wgmma,
+// invert_unit_lower_64 over its four warps) instead of loading the inverse kernel's T_u: no
+// second read of k and no T_u round trip through HBM, at the cost of a longer prep. Taken where
+// the grid is more than one wave, so HBM, not the chain, sets the pace.
+template <typename Element, bool kDelta, bool kFused = false>
 __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     chunk_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
                       const __grid_constant__ CUtensorMap tmap_k,
@@ -203,7 +215,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     }
     // The walk's first chunk slot of T_u (PackedTu), then one slot further per chunk.
     const Element* t_u_chunk = nullptr;
-    if constexpr (kDelta) {
+    if constexpr (kDelta && !kFused) {
       const int64_t slot0 = p.sequences != nullptr ? p.chunk_start[n]
                                                    : static_cast<int64_t>(tma_batch) *
                                                              p.chunks_per_seq +
@@ -219,7 +231,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       const int row = tma_row0 + c * kChunk;
       if (lane == 0) {
         ptx::mbarrier_arrive_expect_tx(
-            full, (kDelta ? Tr::kLoadBytesDelta : Tr::kLoadBytes) - (state_map ? sizeof(S.v) : 0));
+            full, (kDelta && !kFused ? Tr::kLoadBytesDelta : Tr::kLoadBytes) -
+                      (state_map ? sizeof(S.v) : 0));
         for (int cb = 0; cb < 2; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&S.q[cb][0][0]), &tmap_q, full, cb * 64, row, head_qk,
                            tma_batch);
@@ -232,7 +245,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
                              hv, tma_batch);
           }
         }
-        if constexpr (kDelta) {
+        if constexpr (kDelta && !kFused) {
           ptx::bulk_load(ptx::smem_addr(&S.p[0][0]), t_u_chunk, Tr::kTuBytes, full);
           t_u_chunk += static_cast<int64_t>(p.heads_v) * PackedTu::kElems;
         }
@@ -262,6 +275,10 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     constexpr uint32_t kPrepBar = 1;
     for (int c = 0; c < num_chunks; ++c) {
       const bool write_p = p.o != nullptr && c >= warm;  // P feeds only o's products
+      // The fragment's row and column, opaque so that the offsets derived from them are
+      // computed per chunk: hoisted, they outlive the fused inverse's registers and spill.
+      const int prep_row = kFused ? ptx::opaque(frag_row) : frag_row;
+      const int prep_col = kFused ? ptx::opaque(frag_col) : frag_col;
       const int st = c % kStages;
       const uint32_t phase = (c / kStages) & 1;
       auto& S = s.stage[st];
@@ -273,6 +290,42 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
           ptx::fence_proxy_async_smem();  // the normalized q and k are read by wgmma
           ptx::named_barrier_sync(kPrepBar, 128);
         }
+      }
+      // kFused: T_u = (I + strict_lower(beta_i k_i.k_j))^-1 over the chunk's valid rows, in
+      // fp16 over the stage's t and p tiles (the gating pass below reads it, then overwrites it).
+      auto* const fused_t_u = reinterpret_cast<__half(*)[Tr::kInvLd]>(&S.t[0][0]);
+      if constexpr (kFused) {
+        float kacc[32];
+        const uint32_t kt = ptx::smem_addr(&S.k[0][0][0]);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int cb = 0; cb < 2; ++cb) {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            const uint64_t dk = ptx::smem_desc_sw128(kt + cb * kChunk * 128 + kk * 32, 0, 1024);
+            ptx::WgmmaSS<64, Element>::run(kacc, dk, dk, (cb | kk) != 0);
+          }
+        }
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) ptx::fence_operand(kacc[i]);
+        const int valid = min(kChunk, len - c * kChunk);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = prep_row + 8 * i;
+          const float b = S.beta[row];
+          const bool in = row < valid;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            *reinterpret_cast<__half2*>(&s.inv_a[row][8 * j + prep_col]) = __floats2half2_rn(
+                in ? b * kacc[4 * j + 2 * i] : 0.f, in ? b * kacc[4 * j + 2 * i + 1] : 0.f);
+          }
+        }
+        // A written; the previous chunk's gating pass has read its stage's T_u long before.
+        ptx::named_barrier_sync(kPrepBar, 128);
+        invert_unit_lower_64<Tr::kInvLd>(s.inv_a, fused_t_u, warp, lane,
+                                         [] { ptx::named_barrier_sync(kPrepBar, 128); }, [] {});
       }
 
       // P_raw = Q K^T (token x token).
@@ -320,7 +373,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       float g_col[16];  // G of this thread's 16 columns
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float2 g2v = *reinterpret_cast<const float2*>(&S.g2[8 * j + frag_col]);
+        const float2 g2v = *reinterpret_cast<const float2*>(&S.g2[8 * j + prep_col]);
         g_col[2 * j] = g2v.x;
         g_col[2 * j + 1] = g2v.y;
       }
@@ -330,9 +383,19 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       // select below drops it. Pair (i, j) sits at a constant distance from pair (0, 0): block
       // column j / 2 (256 elements per block), row 8 i, column 8 (j % 2).
       uint32_t t_u_pairs[2][8];
-      if constexpr (kDelta) {
+      if constexpr (kFused) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            t_u_pairs[i][j] = load_at<uint32_t>(&fused_t_u[prep_row + 8 * i][8 * j + prep_col], 0);
+          }
+        }
+        // Every prep thread has its T_u: T and P may overwrite the tiles under it.
+        ptx::named_barrier_sync(kPrepBar, 128);
+      } else if constexpr (kDelta) {
         const uint8_t* t_u_at = reinterpret_cast<const uint8_t*>(&S.p[0][0]) +
-                                2 * ptx::opaque(PackedTu::offset(frag_row, frag_col));
+                                2 * ptx::opaque(PackedTu::offset(prep_row, prep_col));
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -347,14 +410,14 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       const int valid_rows = min(kChunk, len - c * kChunk);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int row = frag_row + 8 * i;
+        const int row = prep_row + 8 * i;
         const float gi = S.g2[row];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           float gamma[2];
 #pragma unroll
           for (int cc = 0; cc < 2; ++cc) {
-            const int col = 8 * j + frag_col + cc;
+            const int col = 8 * j + prep_col + cc;
             // Selected before exp: the upper triangle never reaches the exponential.
             gamma[cc] = ptx::exp2_approx(row >= col ? gi - g_col[2 * j + cc] : neg_inf);
           }
@@ -363,23 +426,31 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
             pacc[4 * j + 2 * i + 1] *= gamma[1];
           }
           if constexpr (kDelta) {
-            const int col = 8 * j + frag_col;
+            const int col = 8 * j + prep_col;
             const bool row_in = row < valid_rows;
-            const Element* t_u = reinterpret_cast<const Element*>(&t_u_pairs[i][j]);
+            float t_u[2];
+            if constexpr (kFused) {
+              const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&t_u_pairs[i][j]));
+              t_u[0] = x.x;
+              t_u[1] = x.y;
+            } else {
+              const Element* x = reinterpret_cast<const Element*>(&t_u_pairs[i][j]);
+              t_u[0] = ptx::to_float(x[0]);
+              t_u[1] = ptx::to_float(x[1]);
+            }
             store_at(&S.t[0][0], sw128_offset(row, col),
-                     ptx::pack2<Element>(
-                         row_in && row >= col ? gamma[0] * ptx::to_float(t_u[0]) : 0.f,
-                         row_in && row >= col + 1 ? gamma[1] * ptx::to_float(t_u[1]) : 0.f));
+                     ptx::pack2<Element>(row_in && row >= col ? gamma[0] * t_u[0] : 0.f,
+                                         row_in && row >= col + 1 ? gamma[1] * t_u[1] : 0.f));
           }
         }
       }
       if (write_p) {
-        if constexpr (kDelta) ptx::named_barrier_sync(kPrepBar, 128);  // T_u read
+        if constexpr (kDelta && !kFused) ptx::named_barrier_sync(kPrepBar, 128);  // T_u read
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
-            store_at(&S.p[0][0], sw128_offset(frag_row + 8 * i, 8 * j + frag_col),
+            store_at(&S.p[0][0], sw128_offset(prep_row + 8 * i, 8 * j + prep_col),
                      ptx::pack2<Element>(pacc[4 * j + 2 * i], pacc[4 * j + 2 * i + 1]));
           }
         }
