@@ -42,7 +42,9 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   if (c.cu_seqlens) plan = build_varlen_sequence_plan(*c.cu_seqlens, c.seqlen, Tr::kChunk);
   // Delta rule: every chunk's ungated inverse first, by a fully parallel kernel (unless the
   // prep solves them: kFused).
-  if (kDelta && !kFused && !t_u.defined()) t_u = chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr);
+  if (kDelta && !t_u.defined()) {
+    t_u = chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr, nullptr, /*odd_chunks_only=*/kFused);
+  }
   const CUtensorMap to = o.defined() ? make_tensor_map_bshd(op, o, "o", Tr::kChunk) : tv;
   // Small per-token and per-sequence inputs are read with plain loads: make them dense.
   const at::Tensor g = c.g.contiguous();
@@ -55,7 +57,7 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   p.beta = kDelta ? beta.data_ptr<float>() : nullptr;
   p.initial_state = s0.defined() ? s0.data_ptr<float>() : nullptr;
   p.final_state = final_state.defined() ? final_state.data_ptr<float>() : nullptr;
-  p.t_u = kDelta && !kFused ? t_u.data_ptr() : nullptr;
+  p.t_u = kDelta ? t_u.data_ptr() : nullptr;
   p.chunk_start = plan.chunk_start;
   p.chunks_per_seq = static_cast<int>((c.seqlen + Tr::kChunk - 1) / Tr::kChunk);
   p.sequences = plan.sequences;
@@ -77,7 +79,7 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
                                         (walk.state_maps != nullptr ? 2 : 1)));
   // Right behind the op's own previous kernel (the inverse, the varlen plan, or a segment
   // split's plan, state-only pass or combine), this launch follows it programmatically.
-  const bool follows_own_kernel = (kDelta && !kFused) || c.cu_seqlens || walk.warmup != nullptr;
+  const bool follows_own_kernel = kDelta || c.cu_seqlens || walk.warmup != nullptr;
   launch_kernel(kernel, grid, dim3(Tr::kThreads), Tr::kSmemBytes,
                 at::cuda::getCurrentCUDAStream(), follows_own_kernel, tq, tk, tv, to, p);
 }
@@ -122,10 +124,10 @@ int64_t chunk_segments(const ChunkCall& c) {
   return std::max<int64_t>(1, std::min({sms / ctas, chunks / kMinSegmentChunks, most}));
 }
 
-// The delta rule's inverse solved by the chunk kernel's prep (kFused) instead of its own kernel:
-// taken for unsplit dense calls whose grid is more than one wave, where HBM sets the pace and
-// the fused form saves the second read of k and T_u's round trip. DSV4_CHUNK_FUSED=0 or 1
-// forces it off or on (unsplit dense calls only), for tests and timing.
+// Half of the delta rule's inverses solved by the chunk kernel's prep (kFused): taken for unsplit
+// dense calls whose grid is more than one wave, where HBM sets the pace and the inverse kernel's
+// bytes count. DSV4_CHUNK_FUSED=0 or 1 forces it off or on (unsplit dense calls only), for tests
+// and timing.
 bool chunk_fused_inverse(const ChunkCall& c) {
   if (c.cu_seqlens) return false;
   if (const char* forced = std::getenv("DSV4_CHUNK_FUSED")) return std::atoi(forced) != 0;

@@ -13,9 +13,11 @@ namespace dsv4 {
 // stream and returns its output: T_u packed per (chunk slot, v-head), [slots][HV][PackedTu
 // elements] in q's dtype. plan: the varlen plan (slots up to its bound), or nullptr when dense.
 // segment_plan: a segmented call's plan (chunk_sm90_segment_plan_params), run in the same
-// launch, or nullptr.
+// launch, or nullptr. odd_chunks_only (dense): the chunk kernel's prep solves the even chunks of
+// each sequence (kFused), whose slots stay unwritten.
 at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan,
-                              const ChunkSegmentPlanParams* segment_plan = nullptr);
+                              const ChunkSegmentPlanParams* segment_plan = nullptr,
+                              bool odd_chunks_only = false);
 
 // The segment split of a dense call (csrc/gla/chunk_sm90_segments.cuh), `segments` segments of
 // `segment_len` tokens per sequence. The plan fills warmup (B * segments, HV) int32 and, for

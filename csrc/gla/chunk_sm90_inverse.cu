@@ -13,7 +13,7 @@ namespace {
 
 template <typename Element, bool kGrouped>
 at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int heads_per_cta,
-                  const ChunkSegmentPlanParams* segment_plan) {
+                  const ChunkSegmentPlanParams* segment_plan, bool odd_chunks_only) {
   using Tr = ChunkInverseTraits<Element, kGrouped>;
   auto kernel = chunk_sm90_inverse_kernel<Element, kGrouped>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -32,6 +32,7 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
   p.heads_per_cta = heads_per_cta;
   p.qk_l2norm = c.qk_l2norm;
+  p.odd_chunks_only = odd_chunks_only && plan == nullptr;
   p.plan_ctas = segment_plan != nullptr ? static_cast<int>(c.batch * c.heads_v) : 0;
   if (segment_plan != nullptr) p.segment_plan = *segment_plan;
 
@@ -56,17 +57,17 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int
 }  // namespace
 
 at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan,
-                              const ChunkSegmentPlanParams* segment_plan) {
+                              const ChunkSegmentPlanParams* segment_plan, bool odd_chunks_only) {
   // Up to four v-heads of a qk-head per CTA: more would leave too few CTAs for short calls.
   const int64_t group = c.heads_v / c.heads_qk;
   const int heads_per_cta = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
   const bool bf16 = c.q.scalar_type() == at::kBFloat16;
   if (heads_per_cta > 1) {
-    return bf16 ? launch<__nv_bfloat16, true>(c, plan, heads_per_cta, segment_plan)
-                : launch<__half, true>(c, plan, heads_per_cta, segment_plan);
+    return bf16 ? launch<__nv_bfloat16, true>(c, plan, heads_per_cta, segment_plan, odd_chunks_only)
+                : launch<__half, true>(c, plan, heads_per_cta, segment_plan, odd_chunks_only);
   }
-  return bf16 ? launch<__nv_bfloat16, false>(c, plan, 1, segment_plan)
-              : launch<__half, false>(c, plan, 1, segment_plan);
+  return bf16 ? launch<__nv_bfloat16, false>(c, plan, 1, segment_plan, odd_chunks_only)
+              : launch<__half, false>(c, plan, 1, segment_plan, odd_chunks_only);
 }
 
 }  // namespace dsv4

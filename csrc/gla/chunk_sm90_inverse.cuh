@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
     row_base = static_cast<int64_t>(n) * p.seqlen;
     tma_row = c * kChunk;
     tma_batch = n;
+    if (p.odd_chunks_only && c % 2 == 0) return;  // solved by the chunk kernel's prep
   }
   const int valid_rows = min(kChunk, len - c * kChunk);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

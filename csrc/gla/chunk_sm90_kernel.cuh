@@ -119,10 +119,12 @@ struct ChunkSm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
-// kFused (delta rule only): the prep solves each chunk's ungated inverse itself (K K^T by wgmma,
-// invert_unit_lower_64 over its four warps) instead of loading the inverse kernel's T_u: no
-// second read of k and no T_u round trip through HBM, at the cost of a longer prep. Taken where
-// the grid is more than one wave, so HBM, not the chain, sets the pace.
+// kFused (delta rule only): the prep solves the ungated inverse of every even chunk itself (K K^T
+// by wgmma, invert_unit_lower_64 over its four warps) and loads the inverse kernel's T_u only
+// for the odd ones. Where HBM sets the pace (a grid of more than one wave), this halves the
+// inverse kernel's bytes (its read of k, T_u's round trip) while the prep, ~4,000 cycles longer
+// on a solved chunk, stays within the period on average: solving every chunk made the prep the
+// limit (measured: no faster than the split form).
 template <typename Element, bool kDelta, bool kFused = false>
 __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     chunk_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     }
     // The walk's first chunk slot of T_u (PackedTu), then one slot further per chunk.
     const Element* t_u_chunk = nullptr;
-    if constexpr (kDelta && !kFused) {
+    if constexpr (kDelta) {
       const int64_t slot0 = p.sequences != nullptr ? p.chunk_start[n]
                                                    : static_cast<int64_t>(tma_batch) *
                                                              p.chunks_per_seq +
@@ -229,10 +231,10 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       const uint32_t full = ptx::smem_addr(&s.full[st]);
       ptx::mbarrier_wait(ptx::smem_addr(&s.empty[st]), phase ^ 1);
       const int row = tma_row0 + c * kChunk;
+      const bool load_t_u = kDelta && !(kFused && c % 2 == 0);
       if (lane == 0) {
         ptx::mbarrier_arrive_expect_tx(
-            full, (kDelta && !kFused ? Tr::kLoadBytesDelta : Tr::kLoadBytes) -
-                      (state_map ? sizeof(S.v) : 0));
+            full, (load_t_u ? Tr::kLoadBytesDelta : Tr::kLoadBytes) - (state_map ? sizeof(S.v) : 0));
         for (int cb = 0; cb < 2; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&S.q[cb][0][0]), &tmap_q, full, cb * 64, row, head_qk,
                            tma_batch);
@@ -245,10 +247,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
                              hv, tma_batch);
           }
         }
-        if constexpr (kDelta && !kFused) {
-          ptx::bulk_load(ptx::smem_addr(&S.p[0][0]), t_u_chunk, Tr::kTuBytes, full);
-          t_u_chunk += static_cast<int64_t>(p.heads_v) * PackedTu::kElems;
-        }
+        if (load_t_u) ptx::bulk_load(ptx::smem_addr(&S.p[0][0]), t_u_chunk, Tr::kTuBytes, full);
+        if constexpr (kDelta) t_u_chunk += static_cast<int64_t>(p.heads_v) * PackedTu::kElems;
       }
       const int valid_rows = min(kChunk, len - c * kChunk);
 #pragma unroll
@@ -291,10 +291,11 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
           ptx::named_barrier_sync(kPrepBar, 128);
         }
       }
-      // kFused: T_u = (I + strict_lower(beta_i k_i.k_j))^-1 over the chunk's valid rows, in
-      // fp16 over the stage's t and p tiles (the gating pass below reads it, then overwrites it).
+      // kFused, an even chunk: T_u = (I + strict_lower(beta_i k_i.k_j))^-1 over the chunk's valid
+      // rows, in fp16 over the stage's t and p tiles (the gating pass reads it, then overwrites it).
       auto* const fused_t_u = reinterpret_cast<__half(*)[Tr::kInvLd]>(&S.t[0][0]);
-      if constexpr (kFused) {
+      const bool solve_here = kFused && c % 2 == 0;
+      if (solve_here) {
         float kacc[32];
         const uint32_t kt = ptx::smem_addr(&S.k[0][0][0]);
         ptx::wgmma_fence();
@@ -324,7 +325,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         }
         // A written; the previous chunk's gating pass has read its stage's T_u long before.
         ptx::named_barrier_sync(kPrepBar, 128);
-        invert_unit_lower_64<Tr::kInvLd>(s.inv_a, fused_t_u, warp, lane,
+        // warp and lane opaque too: addresses hoisted out of the chunk loop would spill.
+        invert_unit_lower_64<Tr::kInvLd>(s.inv_a, fused_t_u, ptx::opaque(warp), ptx::opaque(lane),
                                          [] { ptx::named_barrier_sync(kPrepBar, 128); }, [] {});
       }
 
@@ -383,7 +385,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       // select below drops it. Pair (i, j) sits at a constant distance from pair (0, 0): block
       // column j / 2 (256 elements per block), row 8 i, column 8 (j % 2).
       uint32_t t_u_pairs[2][8];
-      if constexpr (kFused) {
+      if (solve_here) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -429,7 +431,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
             const int col = 8 * j + prep_col;
             const bool row_in = row < valid_rows;
             float t_u[2];
-            if constexpr (kFused) {
+            if (solve_here) {
               const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&t_u_pairs[i][j]));
               t_u[0] = x.x;
               t_u[1] = x.y;
@@ -445,7 +447,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
         }
       }
       if (write_p) {
-        if constexpr (kDelta && !kFused) ptx::named_barrier_sync(kPrepBar, 128);  // T_u read
+        if (kDelta && !solve_here) ptx::named_barrier_sync(kPrepBar, 128);  // T_u read
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
 #pragma unroll

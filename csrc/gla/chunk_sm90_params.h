@@ -83,6 +83,7 @@ struct ChunkSm90InverseParams {
   int chunks_per_seq;           // dense: ceil(T / 64)
   int heads_v, group;
   int heads_per_cta;            // divides group
+  bool odd_chunks_only;         // dense: even chunks are solved by the chunk kernel (kFused)
   bool qk_l2norm;
   int plan_ctas;                // a segmented call's plan CTAs (B * HV), ahead of the inverse's
   ChunkSegmentPlanParams segment_plan;
