@@ -127,6 +127,53 @@ def test_chunk_sm90_no_final_state(gen, op):
     check_case(gen, op, 1, 200, 1, 2, "extreme", True, output_final_state=False)
 
 
+# The delta rule's half-fused form (the chunk kernel's prep solves the even chunks' inverses, the
+# inverse kernel the odd ones), forced on dense cases that straddle chunks, every v-head grouping
+# and the fp16 input type; DSV4_CHUNK_SEGMENTS=1 keeps the call unsplit, where the form applies.
+FUSED = [
+    pytest.param(2, 1, 2, 2, "mild", True, torch.bfloat16, id="t1-gva1-state"),
+    pytest.param(1, 130, 2, 8, "extreme", True, torch.bfloat16, id="t130-gva4-extreme-state"),
+    pytest.param(2, 200, 1, 6, "extreme", False, torch.bfloat16, id="t200-gva6-extreme"),
+    pytest.param(1, 1000, 2, 2, "zero", True, torch.float16, id="t1000-gva1-nodecay-fp16"),
+    pytest.param(1, 4096, 1, 4, "mild", True, torch.bfloat16, id="t4096-gva4-state"),
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("b,t,h,hv,gates,with_state,dtype", FUSED)
+def test_chunk_sm90_delta_fused_inverse(gen, monkeypatch, b, t, h, hv, gates, with_state, dtype):
+    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "1")
+    monkeypatch.setenv("DSV4_CHUNK_FUSED", "1")
+    q, k, v, g, beta, kw = check_case(gen, "gated_delta_rule", b, t, h, hv, gates, with_state,
+                                      dtype=dtype)
+    o1, f1 = run_op("gated_delta_rule", q, k, v, g, beta, **kw)
+    o2, f2 = run_op("gated_delta_rule", q, k, v, g, beta, **kw)
+    assert torch.equal(o1, o2) and torch.equal(f1, f2), "half-fused form not deterministic"
+
+
+@needs_sm90
+def test_chunk_sm90_delta_fused_inverse_chosen(gen, monkeypatch):
+    """A dense call of more than one wave of (sequence, v-head) CTAs takes the half-fused form
+    by itself (bitwise the forced form's output), and uses qk l2norm in kernel correctly."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hv = 8
+    b = sms // hv + 1  # B * HV > SMs
+    q, k, v, g, beta, s0 = make_inputs(gen, b, 100, 2, hv, b, "extreme")
+    kw = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    q, k = 3.0 * q, 0.5 * k  # not unit: the kernel normalizes them
+    o, final = run_op("gated_delta_rule", q, k, v, g, beta, **kw)
+    monkeypatch.setenv("DSV4_CHUNK_FUSED", "1")
+    o_f, final_f = run_op("gated_delta_rule", q, k, v, g, beta, **kw)
+    assert torch.equal(o, o_f) and torch.equal(final, final_f)
+    monkeypatch.setenv("DSV4_CHUNK_FUSED", "0")
+    o_s, final_s = run_op("gated_delta_rule", q, k, v, g, beta, **kw)
+    want_o, want_final = run_oracle("gated_delta_rule", q, k, v, g, beta, **kw)
+    for ours in (o, o_s):
+        assert_rel_rms(ours, want_o, "o")
+    for ours in (final, final_s):
+        assert_rel_rms(ours, want_final, "final_state")
+
+
 VARLEN = [
     pytest.param([1, 64, 65, 1000, 0], 2, 4, True, id="mixed-gva2-state"),
     pytest.param([0, 65, 1000, 1, 64], 1, 4, False, id="mixed-gva4"),

@@ -3,7 +3,8 @@
 // One CTA owns one (sequence or segment of one, v-head) and walks its chunks in order; each of
 // its two chain warpgroups keeps half of the state S (128 x 64 of 128 x 128, fp32) in registers
 // the whole way, and one prep warpgroup serves both. The only intermediate in HBM is the delta
-// rule's per-chunk T_u, from the parallel inverse kernel.
+// rule's per-chunk T_u, from the parallel inverse kernel (every chunk's, or with kFused the odd
+// chunks' only: the prep solves the even ones itself).
 // The state is kept transposed (S^T, v-columns as rows) so every product is a wgmma with M = 64
 // v-columns and the chain's operands come from registers or from tiles as TMA wrote them.
 // Roles (128 threads per warpgroup):
@@ -18,7 +19,9 @@
 //                        = Gamma . T_u into the T tile, then P over T_u (a barrier between
 //                        them: T_u lands in the P tile). With use_qk_l2norm_in_kernel it first
 //                        normalizes the stage's q and k rows in place, before anyone else reads
-//                        them (the chain waits for prep_full).
+//                        them (the chain waits for prep_full). kFused, an even chunk: the prep
+//                        first solves T_u itself (K K^T by wgmma, invert_unit_lower_64) into the
+//                        stage's t and p tiles, and the producer loads none.
 //   warpgroups 2, 3      chains, v-columns 0-63 and 64-127, everything that depends on S (the
 //                        serial part):
 //                          X^T = S^T K^T and Y^T = S^T Q^T                (wgmma RS)
@@ -39,7 +42,7 @@
 //   prep_full[s]  every prep thread after its writes of stage s              -> chain
 //   empty[s]      every prep and chain thread after its last read of stage s -> producer
 // Registers: producer 24 + prep 104 + two chains at 192 fill the 64K of a 512-thread CTA
-// (ptxas, all four instantiations: no spills; at 184 the chain spills, at 88 the prep). The
+// (ptxas, all six instantiations: no spills; at 184 the chain spills, at 88 the prep). The
 // delta rule's chain fits 192 only because it waits for Y together with X (see there).
 // Tokens past a chunk's end have g = beta = 0 (zero-filled), so they neither decay nor write
 // the state, and their output rows are not stored; rows of the next varlen sequence that a TMA
