@@ -1,8 +1,9 @@
 """A small varlen call of each chunked op on the sm90 path, for compute-sanitizer
 memcheck/racecheck: lengths straddle the 64-token chunk, one sequence is empty, GVA ratio 2,
 initial and final state, so every role and both pipeline stages wrap around; the delta rule
-also runs with use_qk_l2norm_in_kernel, and both ops once more cut into segments (the delta
-rule's state-map pass reads no v)."""
+also runs with use_qk_l2norm_in_kernel, both ops once more cut into segments (the delta
+rule's state-map pass reads no v), and the delta rule in its half-fused form (the prep solves
+the even chunks' inverses)."""
 import os
 
 import torch
@@ -42,6 +43,9 @@ for warmup in ("1", "0"):
     segmented += dsv4_attn.chunk_gated_delta_rule(*dense, initial_state=s0[:2],
                                                   output_final_state=True)
 del os.environ["DSV4_CHUNK_SEGMENTS"], os.environ["DSV4_CHUNK_WARMUP"]
+os.environ["DSV4_CHUNK_FUSED"] = "1"
+fused = dsv4_attn.chunk_gated_delta_rule(*dense, initial_state=s0[:2], output_final_state=True)
+del os.environ["DSV4_CHUNK_FUSED"]
 torch.cuda.synchronize()
-assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3, *segmented))
+assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3, *segmented, *fused))
 print("sanitize_chunk: sm90 path ran for both ops (and the fused l2norm), outputs finite")
