@@ -134,24 +134,9 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
   }
   __syncthreads();
 
-  // K K^T (token x token), then A = beta_i k_i.k_j over the chunk's tokens, stored whole: the
-  // inverse reads only its strict lower triangle. Rows past the sequence (zero-filled, or the
-  // next sequence's) are selected away, never scaled.
+  // K K^T (token x token), then per v-head A = beta_i k_i.k_j (store_beta_kkt).
   float acc[32];
-  const uint32_t k_base = ptx::smem_addr(&s.k[0][0][0]);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int cb = 0; cb < 2; ++cb) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t dk = ptx::smem_desc_sw128(k_base + cb * kChunk * 128 + kk * 32, 0, 1024);
-      ptx::WgmmaSS<64, Element>::run(acc, dk, dk, (cb | kk) != 0);
-    }
-  }
-  ptx::wgmma_commit();
-  ptx::wgmma_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
+  k_times_k_transposed<Element>(acc, ptx::smem_addr(&s.k[0][0][0]));
   const int frag_row = warp * 16 + lane / 4, frag_col = 2 * (lane % 4);
   // v-head h's ten lower blocks of T to HBM (PackedTu) by `threads` threads from `first`, 16
   // bytes per thread and step, coalesced. The diagonal blocks' upper triangles are already
@@ -175,18 +160,7 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
     }
   };
   for (int h = 0; h < heads_per_cta; ++h) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = frag_row + 8 * i;
-      const float b = s.beta[h][row];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = 8 * j + frag_col;
-        const bool in = row < valid_rows;
-        *reinterpret_cast<__half2*>(&s.a[row][col]) = __floats2half2_rn(
-            in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
-      }
-    }
+    store_beta_kkt<Tr::kLd>(acc, s.beta[h], valid_rows, s.a, frag_row, frag_col);
     // A written (the inversion's last barrier follows its last read of A). Grouped: v-head
     // h - 1's T_u store, by warps 2 and 3 under this inversion's step 1, reads the other T
     // buffer, and the barrier after step 1 ends it before step 1 of v-head h + 1 writes there.

@@ -300,32 +300,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       const bool solve_here = kFused && c % 2 == 0;
       if (solve_here) {
         float kacc[32];
-        const uint32_t kt = ptx::smem_addr(&S.k[0][0][0]);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int cb = 0; cb < 2; ++cb) {
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            const uint64_t dk = ptx::smem_desc_sw128(kt + cb * kChunk * 128 + kk * 32, 0, 1024);
-            ptx::WgmmaSS<64, Element>::run(kacc, dk, dk, (cb | kk) != 0);
-          }
-        }
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 32; ++i) ptx::fence_operand(kacc[i]);
-        const int valid = min(kChunk, len - c * kChunk);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int row = prep_row + 8 * i;
-          const float b = S.beta[row];
-          const bool in = row < valid;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            *reinterpret_cast<__half2*>(&s.inv_a[row][8 * j + prep_col]) = __floats2half2_rn(
-                in ? b * kacc[4 * j + 2 * i] : 0.f, in ? b * kacc[4 * j + 2 * i + 1] : 0.f);
-          }
-        }
+        k_times_k_transposed<Element>(kacc, ptx::smem_addr(&S.k[0][0][0]));
+        store_beta_kkt<Tr::kInvLd>(kacc, S.beta, min(kChunk, len - c * kChunk), s.inv_a,
+                                   prep_row, prep_col);
         // A written; the previous chunk's gating pass has read its stage's T_u long before.
         ptx::named_barrier_sync(kPrepBar, 128);
         // warp and lane opaque too: addresses hoisted out of the chunk loop would spill.

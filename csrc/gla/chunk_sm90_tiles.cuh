@@ -10,6 +10,8 @@
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/mma_sync.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/wgmma.cuh"
 
 namespace dsv4 {
 
@@ -111,6 +113,46 @@ __device__ __forceinline__ void l2norm_rows_in_place(Element* tile, int row) {
                                    ptx::to_float(x[2 * e + 1]) * inv_norm);
       }
       *reinterpret_cast<uint4*>(at) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// acc = K K^T (token x token) of a chunk's [2][64][64] k tile (both K halves, 128-byte swizzle,
+// as TMA writes it) by one warpgroup's wgmma, landed: the delta rule's inverse needs it.
+template <typename Element>
+__device__ __forceinline__ void k_times_k_transposed(float (&acc)[32], uint32_t k_tile) {
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int cb = 0; cb < 2; ++cb) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t dk = ptx::smem_desc_sw128(k_tile + cb * 64 * 128 + kk * 32, 0, 1024);
+      ptx::WgmmaSS<64, Element>::run(acc, dk, dk, (cb | kk) != 0);
+    }
+  }
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) ptx::fence_operand(acc[i]);
+}
+
+// A = beta_i k_i.k_j from K K^T's accumulator fragment (rows frag_row and frag_row + 8, columns
+// 8 j + frag_col and the next) into an fp16 tile of row stride kLd, stored whole: the inverse
+// reads only its strict lower triangle. Rows past the sequence (zero-filled, or the next
+// sequence's) are selected away, never scaled.
+template <int kLd>
+__device__ __forceinline__ void store_beta_kkt(const float (&acc)[32], const float* beta,
+                                               int valid_rows, __half (*a)[kLd], int frag_row,
+                                               int frag_col) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = frag_row + 8 * i;
+    const float b = beta[row];
+    const bool in = row < valid_rows;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      *reinterpret_cast<__half2*>(&a[row][8 * j + frag_col]) = __floats2half2_rn(
+          in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
     }
   }
 }
