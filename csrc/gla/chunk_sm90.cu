@@ -40,10 +40,11 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   // device (cu_seqlens is trusted and never read on the host).
   VarlenSequencePlanBuffers plan;
   if (c.cu_seqlens) plan = build_varlen_sequence_plan(*c.cu_seqlens, c.seqlen, Tr::kChunk);
-  // Delta rule: every chunk's ungated inverse first, by a fully parallel kernel (unless the
-  // prep solves them: kFused).
+  // Delta rule: the chunks' ungated inverses first, by a fully parallel kernel (kFused: only the
+  // odd chunks'; the prep solves the even ones).
   if (kDelta && !t_u.defined()) {
-    t_u = chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr, nullptr, /*odd_chunks_only=*/kFused);
+    t_u = chunk_sm90_inverse(c, c.cu_seqlens ? &plan : nullptr, nullptr,
+                             /*odd_chunks_only=*/kFused);
   }
   const CUtensorMap to = o.defined() ? make_tensor_map_bshd(op, o, "o", Tr::kChunk) : tv;
   // Small per-token and per-sequence inputs are read with plain loads: make them dense.

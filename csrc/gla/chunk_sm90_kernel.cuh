@@ -237,7 +237,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
       const bool load_t_u = kDelta && !(kFused && c % 2 == 0);
       if (lane == 0) {
         ptx::mbarrier_arrive_expect_tx(
-            full, (load_t_u ? Tr::kLoadBytesDelta : Tr::kLoadBytes) - (state_map ? sizeof(S.v) : 0));
+            full,
+            (load_t_u ? Tr::kLoadBytesDelta : Tr::kLoadBytes) - (state_map ? sizeof(S.v) : 0));
         for (int cb = 0; cb < 2; ++cb) {
           ptx::tma_load_4d(ptx::smem_addr(&S.q[cb][0][0]), &tmap_q, full, cb * 64, row, head_qk,
                            tma_batch);
@@ -294,8 +295,9 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
           ptx::named_barrier_sync(kPrepBar, 128);
         }
       }
-      // kFused, an even chunk: T_u = (I + strict_lower(beta_i k_i.k_j))^-1 over the chunk's valid
-      // rows, in fp16 over the stage's t and p tiles (the gating pass reads it, then overwrites it).
+      // kFused, an even chunk: T_u = (I + strict_lower(beta_i k_i.k_j))^-1 over the chunk's
+      // valid rows, in fp16 over the stage's t and p tiles (the gating pass reads it, then
+      // overwrites it).
       auto* const fused_t_u = reinterpret_cast<__half(*)[Tr::kInvLd]>(&S.t[0][0]);
       const bool solve_here = kFused && c % 2 == 0;
       if (solve_here) {
