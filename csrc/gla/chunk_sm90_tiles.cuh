@@ -171,30 +171,49 @@ __device__ __forceinline__ void store_beta_kkt(const float (&acc)[32], const flo
 template <int kLd, typename Sync, typename Idle>
 __device__ __forceinline__ void invert_unit_lower_64(__half (*a)[kLd], __half (*t)[kLd], int warp,
                                                      int lane, Sync sync, Idle idle) {
-  // 1. D_w: warps 0 and 1 each take two blocks, one per half-warp (the substitution is issue-
-  //    bound, and a second pair of warps would issue the same instructions for idle lanes);
-  //    lane c of a half owns column c and runs forward substitution (row loads are broadcasts
-  //    per half, the halves' rows in different banks).
+  // 1. D_w, the diagonal 16 x 16 blocks, by warps 0 and 1, two each (issue-bound work: a second
+  //    pair of warps would only add instructions):
+  //    a. each quarter-warp inverts one 8 x 8 diagonal block by forward substitution in fp32,
+  //       lane c owning column c (row loads are broadcasts per quarter-warp);
+  //    b. D_w = [[T1, 0], [-(T2 A21) T1, T2]], for both of the warp's blocks at once by two
+  //       m16n8k16 MMAs whose A operand is block-diagonal (the halves' products side by side).
+  //    Half the substitution's chain and a third of its instructions against 16 x 16 blocks,
+  //    at the same error (benchmarks/inverse_precision.py, "fp16 d8").
   if (warp < 2) {
-    const int b0 = (2 * warp + lane / 16) * 16, c = lane % 16;
-    float col[16];
+    const int b8 = (4 * warp + lane / 8) * 8, c = lane % 8;
+    float col[8];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      float arow[16];
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(&a[b0 + i][b0 + 8 * q]);
-        const __half* h = reinterpret_cast<const __half*>(&raw);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) arow[8 * q + e] = __half2float(h[e]);
-      }
+    for (int i = 0; i < 8; ++i) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(&a[b8 + i][b8]);
+      const __half* h = reinterpret_cast<const __half*>(&raw);
       float acc = i == c ? 1.f : 0.f;
 #pragma unroll
-      for (int j = 0; j < i; ++j) acc = fmaf(-arow[j], col[j], acc);
+      for (int j = 0; j < i; ++j) acc = fmaf(-__half2float(h[j]), col[j], acc);
       col[i] = acc;
     }
 #pragma unroll
-    for (int i = 0; i < 16; ++i) t[b0 + i][b0 + c] = __float2half_rn(col[i]);
+    for (int i = 0; i < 8; ++i) t[b8 + i][b8 + c] = __float2half_rn(col[i]);
+    __syncwarp();
+    // The warp's blocks start at o0 and o1. One ldmatrix.trans gives the B operands: A21 of
+    // both blocks (for Z = T2 A21), then T1 of both (for Z T1); lane l addresses row l % 8 of
+    // matrix l / 8.
+    const int o0 = 32 * warp, o1 = o0 + 16, g = lane / 4, q = 2 * (lane % 4);
+    const int m = lane / 8, o = m % 2 ? o1 : o0;
+    const __half* row = m < 2 ? &a[o + 8 + lane % 8][o] : &t[o + lane % 8][o];
+    uint32_t b[4];
+    ptx::ldmatrix_x4_trans(b, ptx::smem_addr(row));
+    uint32_t x[4] = {*reinterpret_cast<const uint32_t*>(&t[o0 + 8 + g][o0 + 8 + q]), 0u, 0u,
+                     *reinterpret_cast<const uint32_t*>(&t[o1 + 8 + g][o1 + 8 + q])};
+    float z[4] = {};
+    ptx::mma_f16_m16n8k16(z, x, {b[0], b[1]});
+    x[0] = ptx::pack2<__half>(z[0], z[1]);
+    x[3] = ptx::pack2<__half>(z[2], z[3]);
+    float y[4] = {};
+    ptx::mma_f16_m16n8k16(y, x, {b[2], b[3]});
+    *reinterpret_cast<__half2*>(&t[o0 + 8 + g][o0 + q]) = __floats2half2_rn(-y[0], -y[1]);
+    *reinterpret_cast<__half2*>(&t[o1 + 8 + g][o1 + q]) = __floats2half2_rn(-y[2], -y[3]);
+    *reinterpret_cast<__half2*>(&t[o0 + g][o0 + 8 + q]) = __float2half2_rn(0.f);
+    *reinterpret_cast<__half2*>(&t[o1 + g][o1 + 8 + q]) = __float2half2_rn(0.f);
   } else {
     idle();
   }
