@@ -137,13 +137,15 @@ __device__ __forceinline__ void k_times_k_transposed(float (&acc)[32], uint32_t 
 }
 
 // A = beta_i k_i.k_j from K K^T's accumulator fragment (rows frag_row and frag_row + 8, columns
-// 8 j + frag_col and the next) into an fp16 tile of row stride kLd, stored whole: the inverse
-// reads only its strict lower triangle. Rows past the sequence (zero-filled, or the next
-// sequence's) are selected away, never scaled.
+// 8 j + frag_col and the next) into an fp16 tile of row stride kLd. The inverse reads only the
+// strict lower triangle, so a warp (16 rows) stores only the column blocks up to its diagonal
+// block's. Rows past the sequence (zero-filled, or the next sequence's) are selected away,
+// never scaled.
 template <int kLd>
 __device__ __forceinline__ void store_beta_kkt(const float (&acc)[32], const float* beta,
                                                int valid_rows, __half (*a)[kLd], int frag_row,
                                                int frag_col) {
+  const int last_j = 2 * (frag_row / 16) + 1;  // warp-uniform
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = frag_row + 8 * i;
@@ -151,6 +153,7 @@ __device__ __forceinline__ void store_beta_kkt(const float (&acc)[32], const flo
     const bool in = row < valid_rows;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
+      if (j > last_j) break;
       *reinterpret_cast<__half2*>(&a[row][8 * j + frag_col]) = __floats2half2_rn(
           in ? b * acc[4 * j + 2 * i] : 0.f, in ? b * acc[4 * j + 2 * i + 1] : 0.f);
     }
