@@ -406,6 +406,35 @@ def test_chunk_sm90_segment_warmup_decision(gen, monkeypatch, op, per_token, war
 
 @needs_sm90
 @pytest.mark.parametrize("op", OPS)
+def test_chunk_sm90_segment_plan_whole_head(gen, monkeypatch, op):
+    """A head takes warm-ups only if all of its segments found one, although the delta rule's
+    plan decides each segment in a warp of its own (four per CTA): eight segments, and heads
+    whose gates change halfway, so that one group of four segments finds warm-ups and the other
+    does not. Those heads must be bitwise the exact combine's; the decaying head must not."""
+    b, t, h, hv = 1, 2048, 2, 4
+    q, k, v, _, beta, s0 = make_inputs(gen, b, t, h, hv, b)
+    g = torch.zeros(b, t, hv, device="cuda")
+    g[..., 0] = -0.2                # every segment finds a one-chunk warm-up
+    g[:, : t // 2, 2] = -0.2        # segments 1-4 find one, 5-7 do not
+    g[:, t // 2 :, 3] = -0.2        # segments 5-7 find one, 1-4 do not; head 1: none
+    kw = dict(initial_state=s0, output_final_state=True)
+    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "8")
+    monkeypatch.setenv("DSV4_CHUNK_WARMUP", "0")
+    o_exact, f_exact = run_op(op, q, k, v, g, beta, **kw)
+    monkeypatch.delenv("DSV4_CHUNK_WARMUP")
+    poison_allocator(v.numel() * v.element_size() + 16 * hv * 128 * 128 * 4 + (1 << 20), "cuda")
+    o, final = run_op(op, q, k, v, g, beta, **kw)
+    for head in (1, 2, 3):
+        assert torch.equal(o[:, :, head], o_exact[:, :, head]), f"head {head}: o not exact"
+        assert torch.equal(final[:, head], f_exact[:, head]), f"head {head}: state not exact"
+    assert not torch.equal(o[:, :, 0], o_exact[:, :, 0]), "head 0 took no warm-up"
+    want_o, want_final = run_oracle(op, q, k, v, g, beta, **kw)
+    assert_rel_rms(o, want_o, "o")
+    assert_rel_rms(final, want_final, "final_state")
+
+
+@needs_sm90
+@pytest.mark.parametrize("op", OPS)
 def test_chunk_sm90_segments_strided_views(gen, monkeypatch, op):
     """Segments of transposed (B, H, T, D) views, two sequences: every pass reads q, k and v
     through their strides (nothing is merged or copied), with and without a final state."""

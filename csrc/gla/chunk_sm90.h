@@ -26,13 +26,14 @@ at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffer
 // runs as a kernel of its own (chunk_sm90_segment_plan), the delta rule's inside the inverse
 // kernel's launch. The
 // combine fills start (B * segments, HV, 128, 128) fp32 from local (L_k) and, for the delta
-// rule, maps (M_k), both of that shape.
+// rule, maps (M_k), both of that shape, and sets warmup to -1 for every segment of the heads it
+// combines.
 ChunkSegmentPlanParams chunk_sm90_segment_plan_params(const ChunkCall& c, int64_t segments,
                                                       int64_t segment_len, const at::Tensor& g,
                                                       const at::Tensor& beta, at::Tensor& warmup,
                                                       at::Tensor& gate_sum);
 void chunk_sm90_segment_plan(const ChunkCall& c, const ChunkSegmentPlanParams& p);
-void chunk_sm90_segment_combine(const ChunkCall& c, int64_t segments, const at::Tensor& warmup,
+void chunk_sm90_segment_combine(const ChunkCall& c, int64_t segments, at::Tensor& warmup,
                                 const at::Tensor& gate_sum, const at::Tensor& local,
                                 const at::Tensor& maps, at::Tensor& start);
 

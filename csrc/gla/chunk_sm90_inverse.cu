@@ -33,8 +33,12 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int
   p.heads_per_cta = heads_per_cta;
   p.qk_l2norm = c.qk_l2norm;
   p.odd_chunks_only = odd_chunks_only && plan == nullptr;
-  p.plan_ctas = segment_plan != nullptr ? static_cast<int>(c.batch * c.heads_v) : 0;
-  if (segment_plan != nullptr) p.segment_plan = *segment_plan;
+  if (segment_plan != nullptr) {  // a warp per segment
+    p.segment_plan = *segment_plan;
+    p.segment_plan.segments_per_cta = Tr::kThreads / 32;
+    const int64_t per_head = (segment_plan->segments + Tr::kThreads / 32 - 1) / (Tr::kThreads / 32);
+    p.plan_ctas = static_cast<int>(c.batch * c.heads_v * per_head);
+  }
 
   // Chunk slots: exact when dense; for varlen an upper bound, sum ceil(len / 64), and the
   // slots past the plan's total return at once.

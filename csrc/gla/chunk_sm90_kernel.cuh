@@ -57,6 +57,7 @@
 #include <cstdint>
 
 #include "gla/chunk_sm90_params.h"
+#include "gla/chunk_sm90_segments.cuh"
 #include "gla/chunk_sm90_tiles.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/math.cuh"
@@ -179,7 +180,14 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   // `warm` chunks before the sequence from S = 0 and writes o only from the sequence's start.
   int warm = 0;
   if (p.warmup != nullptr) {
-    const int plan = p.warmup[static_cast<int64_t>(n) * p.heads_v + hv];
+    // A state-only pass reads every segment's entry (segment_exact); the last pass its own,
+    // which the combine set to -1 in an exact head.
+    int plan;
+    if (p.o != nullptr) {
+      plan = p.warmup[static_cast<int64_t>(n) * p.heads_v + hv];
+    } else {
+      plan = segment_exact(p.warmup, n / p.segments, p.segments, p.heads_v, hv) ? -1 : 0;
+    }
     if (p.o == nullptr && plan >= 0) return;  // whole CTA, before any barrier
     warm = max(plan, 0);
     len += warm * kChunk;

@@ -38,9 +38,11 @@ struct ChunkSm90Params {
                                 // with v taken as zeros (not loaded), so the state written
                                 // here is each work item's state map
   const int* warmup;            // segment split: [N][HV] from the segment plan, or nullptr.
-                                // -1: the head takes the exact combine. w >= 0: a state-only
-                                // pass skips the CTA; the last pass walks w chunks before the
-                                // sequence from S = 0 and writes o from its first token.
+                                // A -1 in any segment of a head: the head takes the exact
+                                // combine (which then sets all of them to -1). Otherwise a
+                                // state-only pass skips the CTA, and the last pass walks its
+                                // segment's w chunks before the sequence from S = 0 and writes
+                                // o from its first token.
 };
 
 // The segment plan kernel (csrc/gla/chunk_sm90_segments.cuh): one CTA per (sequence, v-head)
@@ -50,10 +52,13 @@ struct ChunkSegmentPlanParams {
   int64_t k_stride_b, k_stride_t, k_stride_h;  // in elements
   const float* g;               // (B, T, HV), contiguous
   const float* beta;            // (B, T, HV), contiguous; delta rule only
-  int* warmup;                  // out: [B * segments][HV], as ChunkSm90Params::warmup
+  int* warmup;                  // out: [B * segments][HV], as ChunkSm90Params::warmup, each
+                                // segment's own: -1 where it found no warm-up
   double* gate_sum;             // out (GLA): [B * segments][HV] sum of g over the segment,
                                 // for the heads that take the exact combine
   int seqlen, heads_v, group, segments, segment_len;
+  int segments_per_cta;         // segments each plan CTA decides: all of a head's (required for
+                                // GLA, whose CTA then sums the gates of an exact head), or fewer
   int max_warmup_chunks;        // 0: every head takes the exact combine
   bool qk_l2norm;
 };
@@ -62,7 +67,8 @@ struct ChunkSegmentPlanParams {
 // -1, S_(k+1) = A_k S_k + L_k, A_k = M_k (delta rule) or e^(gate_sum_k) (GLA). One CTA per
 // (sequence, v-head, 8 state columns).
 struct ChunkSegmentCombineParams {
-  const int* warmup;            // [B * segments][HV]
+  int* warmup;                  // [B * segments][HV]; every segment of a head it combines is
+                                // set to -1 for the last pass
   const double* gate_sum;       // GLA: [B * segments][HV]
   const float* local;           // L_k: [B * segments][HV][128][128]
   const float* maps;            // delta rule: M_k, the same shape
@@ -85,7 +91,7 @@ struct ChunkSm90InverseParams {
   int heads_per_cta;            // divides group
   bool odd_chunks_only;         // dense: even chunks are solved by the chunk kernel (kFused)
   bool qk_l2norm;
-  int plan_ctas;                // a segmented call's plan CTAs (B * HV), ahead of the inverse's
+  int plan_ctas;                // a segmented call's plan CTAs, ahead of the inverse's
   ChunkSegmentPlanParams segment_plan;
 };
 

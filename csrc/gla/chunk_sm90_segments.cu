@@ -38,6 +38,7 @@ ChunkSegmentPlanParams chunk_sm90_segment_plan_params(const ChunkCall& c, int64_
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
   p.segments = static_cast<int>(segments);
   p.segment_len = static_cast<int>(segment_len);
+  p.segments_per_cta = static_cast<int>(segments);
   // A warm-up longer than a segment would cost more than the exact combine's passes.
   p.max_warmup_chunks = warmups_allowed() ? static_cast<int>(segment_len / Tr::kChunk) : 0;
   p.qk_l2norm = c.qk_l2norm;
@@ -54,7 +55,7 @@ void chunk_sm90_segment_plan(const ChunkCall& c, const ChunkSegmentPlanParams& p
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void chunk_sm90_segment_combine(const ChunkCall& c, int64_t segments, const at::Tensor& warmup,
+void chunk_sm90_segment_combine(const ChunkCall& c, int64_t segments, at::Tensor& warmup,
                                 const at::Tensor& gate_sum, const at::Tensor& local,
                                 const at::Tensor& maps, at::Tensor& start) {
   using Tr = ChunkSegmentTraits;

@@ -6,7 +6,9 @@
 // operator norm at most e^(g + log max(1, |1 - beta |k|^2|)), so if those exponents sum to
 // <= -10 over the warm-up, the dropped history weighs at most e^-10 (4.5e-5) of its norm.
 // A head takes warm-ups only if every segment has one within `max_warmup_chunks`; otherwise
-// (no decay, g = 0 included) it takes the exact combine. Simple GLA is the case beta = 0.
+// (no decay, g = 0 included) it takes the exact combine. The plan writes each segment's entry
+// on its own, and the passes and the combine reduce them (segment_exact). Simple GLA is the
+// case beta = 0.
 //
 // Combine: for the heads the plan leaves exact, S_(k+1) = A_k S_k + L_k in float64, with
 // A_k the segment's state map M_k (delta rule) or the scalar e^(sum of g) (simple GLA).
@@ -41,15 +43,31 @@ __device__ __forceinline__ T warp_sum(T x) {
   return __shfl_sync(0xffffffff, x, 0);  // one value for the whole warp, whatever the order
 }
 
-// The plan of (sequence, v-head) `cta`, by a CTA of kThreads threads: the plan kernel's body,
-// and the delta rule's inverse kernel runs it in CTAs of its own launch (the plan then costs
-// neither a launch nor time on the stream: measured 5-10 us as a kernel of its own).
+// Whether (sequence b, v-head hv) takes the exact combine: some segment found no warm-up. By
+// whole warps, a lane per segment.
+__device__ __forceinline__ bool segment_exact(const int* warmup, int b, int segments, int heads_v,
+                                              int hv) {
+  bool none = false;
+  const int* head = warmup + static_cast<int64_t>(b) * segments * heads_v + hv;
+#pragma unroll 1
+  for (int k = threadIdx.x % 32; k < segments; k += 32) none |= head[k * heads_v] < 0;
+  return __any_sync(0xffffffff, none);
+}
+
+// The plan of `cta`'s segments_per_cta segments of one (sequence, v-head), by a CTA of
+// kThreads threads: the plan kernel's body (every segment of a head per CTA), and the delta
+// rule's inverse kernel runs it in CTAs of its own launch, a warp per segment (the plan then
+// costs neither a launch nor time on the stream: measured 5-10 us as a kernel of its own; a
+// warp walking four segments was the inverse launch's longest CTA at (1, 65536, 2, 8)).
 template <typename Element, bool kDelta, int kThreads>
 __device__ __forceinline__ void segment_plan(const ChunkSegmentPlanParams& p, unsigned cta) {
   using Tr = ChunkSegmentTraits;
-  const int hv = cta % p.heads_v, b = cta / p.heads_v;
+  const int ctas_per_head = (p.segments + p.segments_per_cta - 1) / p.segments_per_cta;
+  const int head = cta / ctas_per_head, hv = head % p.heads_v, b = head / p.heads_v;
+  const int seg_begin = cta % ctas_per_head * p.segments_per_cta;
+  const int seg_end = min(seg_begin + p.segments_per_cta, p.segments);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __shared__ int exact;  // some segment found no warm-up: the whole head takes the combine
+  __shared__ int exact;  // GLA: some segment found no warm-up (its CTA covers the whole head)
   if (threadIdx.x == 0) exact = 0;
   __syncthreads();
 
@@ -75,7 +93,7 @@ __device__ __forceinline__ void segment_plan(const ChunkSegmentPlanParams& p, un
     return f;
   };
 
-  for (int seg = warp; seg < p.segments; seg += kThreads / 32) {
+  for (int seg = seg_begin + warp; seg < seg_end; seg += kThreads / 32) {
     const int first = seg * p.segment_len;
     const int64_t out = (static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv;
     int warm = 0;  // segment 0 starts from the call's initial state
@@ -94,14 +112,11 @@ __device__ __forceinline__ void segment_plan(const ChunkSegmentPlanParams& p, un
     }
     if (lane == 0) p.warmup[out] = warm;
   }
-  __syncthreads();
-  if (!exact) return;  // uniform: read after the barrier
-  for (int seg = threadIdx.x; seg < p.segments; seg += kThreads) {
-    p.warmup[(static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv] = -1;
-  }
   if constexpr (!kDelta) {
     // Simple GLA's exact combine needs each segment's gate sum: the whole CTA per segment,
     // only for the heads that take it.
+    __syncthreads();
+    if (!exact) return;  // uniform: read after the barrier
     __shared__ double partial[kThreads / 32];
     for (int seg = 0; seg < p.segments; ++seg) {
       const int first = seg * p.segment_len, end = min(first + p.segment_len, p.seqlen);
@@ -152,7 +167,14 @@ __global__ void __launch_bounds__(ChunkSegmentTraits::kCombineThreads)
 
   // A head with warm-ups starts its later segments from zero (uniform across the CTA), and
   // segment 0 reads the initial state itself, so such a head has nothing to do here.
-  if (p.warmup[static_cast<int64_t>(b) * p.segments * p.heads_v + hv] >= 0) return;
+  if (!segment_exact(p.warmup, b, p.segments, p.heads_v, hv)) return;
+  // For the last pass, which reads only its own segment's entry: every segment of this head
+  // starts from the combine's state.
+  if (blockIdx.x % kBlocks == 0) {
+    for (int seg = threadIdx.x; seg < p.segments; seg += Tr::kCombineThreads) {
+      p.warmup[(static_cast<int64_t>(b) * p.segments + seg) * p.heads_v + hv] = -1;
+    }
+  }
   double s[4];
   const int64_t s0 = (static_cast<int64_t>(b) * p.heads_v + hv) * kDim * kDim + row * kDim + col0 + cols;
 #pragma unroll
