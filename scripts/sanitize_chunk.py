@@ -2,8 +2,8 @@
 memcheck/racecheck: lengths straddle the 64-token chunk, one sequence is empty, GVA ratio 2,
 initial and final state, so every role and both pipeline stages wrap around; the delta rule
 also runs with use_qk_l2norm_in_kernel, both ops once more cut into segments (the delta
-rule's state-map pass reads no v), and the delta rule in its half-fused form (the prep solves
-the even chunks' inverses)."""
+rule's state-map pass reads no v; once more with six segments, two plan CTAs per head), and
+the delta rule in its half-fused form (the prep solves the even chunks' inverses)."""
 import os
 
 import torch
@@ -42,7 +42,16 @@ for warmup in ("1", "0"):
                                             output_final_state=True)
     segmented += dsv4_attn.chunk_gated_delta_rule(*dense, initial_state=s0[:2],
                                                   output_final_state=True)
-del os.environ["DSV4_CHUNK_SEGMENTS"], os.environ["DSV4_CHUNK_WARMUP"]
+del os.environ["DSV4_CHUNK_WARMUP"]
+# Six segments: the delta rule's plan takes two CTAs per head. Head 0 has no decay (the exact
+# combine, which marks its segments for the last pass), head 1 decays (warm-ups).
+os.environ["DSV4_CHUNK_SEGMENTS"] = "6"
+g6 = g[:, :384].clone()
+g6[..., 0] = 0.0
+segmented += dsv4_attn.chunk_gated_delta_rule(q[:, :384], k[:, :384], v[:, :384], g6,
+                                              beta[:, :384], initial_state=s0[:1],
+                                              output_final_state=True)
+del os.environ["DSV4_CHUNK_SEGMENTS"]
 os.environ["DSV4_CHUNK_FUSED"] = "1"
 fused = dsv4_attn.chunk_gated_delta_rule(*dense, initial_state=s0[:2], output_final_state=True)
 del os.environ["DSV4_CHUNK_FUSED"]
