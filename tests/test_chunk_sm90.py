@@ -378,6 +378,18 @@ def test_chunk_sm90_segments_match_oracle(gen, monkeypatch, op, gates, segments,
     assert torch.equal(o, o2) and torch.equal(final, f2), "not deterministic"
 
 
+def _exact_then_planned(monkeypatch, segments, op, q, k, v, g, beta, **kw):
+    """The call cut into `segments` segments twice: every head through the exact combine
+    (DSV4_CHUNK_WARMUP=0), then as the segment plan decides (the allocator poisoned between)."""
+    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", str(segments))
+    monkeypatch.setenv("DSV4_CHUNK_WARMUP", "0")
+    exact = run_op(op, q, k, v, g, beta, **kw)
+    monkeypatch.delenv("DSV4_CHUNK_WARMUP")
+    states = 2 * segments * v.shape[2] * 128 * 128 * 4  # local and start (or maps)
+    poison_allocator(v.numel() * v.element_size() + states + (1 << 20), "cuda")
+    return exact, run_op(op, q, k, v, g, beta, **kw)
+
+
 @needs_sm90
 @pytest.mark.parametrize("per_token, warm", [(0.0375, False), (0.041, True), (0.2, True)])
 @pytest.mark.parametrize("op", OPS)
@@ -391,12 +403,8 @@ def test_chunk_sm90_segment_warmup_decision(gen, monkeypatch, op, per_token, war
     q, k, v, _, beta, s0 = make_inputs(gen, b, t, h, hv, b)
     g = torch.full((b, t, hv), -per_token, device="cuda")
     kw = dict(initial_state=s0, output_final_state=True)
-    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "4")
-    monkeypatch.setenv("DSV4_CHUNK_WARMUP", "0")
-    o_exact, f_exact = run_op(op, q, k, v, g, beta, **kw)
-    monkeypatch.delenv("DSV4_CHUNK_WARMUP")
-    poison_allocator(v.numel() * v.element_size() + 8 * hv * 128 * 128 * 4 + (1 << 20), "cuda")
-    o, final = run_op(op, q, k, v, g, beta, **kw)
+    (o_exact, f_exact), (o, final) = _exact_then_planned(monkeypatch, 4, op, q, k, v, g, beta,
+                                                         **kw)
     same = torch.equal(o, o_exact) and torch.equal(final, f_exact)
     assert same != warm, "a warm-up was taken" if same is False else "no warm-up was taken"
     want_o, want_final = run_oracle(op, q, k, v, g, beta, **kw)
@@ -418,12 +426,8 @@ def test_chunk_sm90_segment_plan_whole_head(gen, monkeypatch, op):
     g[:, : t // 2, 2] = -0.2        # segments 1-4 find one, 5-7 do not
     g[:, t // 2 :, 3] = -0.2        # segments 5-7 find one, 1-4 do not; head 1: none
     kw = dict(initial_state=s0, output_final_state=True)
-    monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "8")
-    monkeypatch.setenv("DSV4_CHUNK_WARMUP", "0")
-    o_exact, f_exact = run_op(op, q, k, v, g, beta, **kw)
-    monkeypatch.delenv("DSV4_CHUNK_WARMUP")
-    poison_allocator(v.numel() * v.element_size() + 16 * hv * 128 * 128 * 4 + (1 << 20), "cuda")
-    o, final = run_op(op, q, k, v, g, beta, **kw)
+    (o_exact, f_exact), (o, final) = _exact_then_planned(monkeypatch, 8, op, q, k, v, g, beta,
+                                                         **kw)
     for head in (1, 2, 3):
         assert torch.equal(o[:, :, head], o_exact[:, :, head]), f"head {head}: o not exact"
         assert torch.equal(final[:, head], f_exact[:, head]), f"head {head}: state not exact"
