@@ -17,6 +17,7 @@ struct Walk {
   int64_t segments = 1;         // per sequence
   int64_t segment_len = 0;      // tokens, a multiple of 64; 0: the whole sequence
   const int* warmup = nullptr;  // the segment plan (ChunkSm90Params::warmup)
+  bool skip_last_segment = false;  // ChunkSm90Params::walked_segments = segments - 1
   float* state_maps = nullptr;  // the state maps' pass beside this one (ChunkSm90Params)
   bool final_per_sequence = false;  // ChunkSm90Params::final_per_sequence
   const float* segment_start = nullptr;  // ChunkSm90Params::segment_start
@@ -66,6 +67,7 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   p.seqlen = static_cast<int>(c.seqlen);
   p.segments = static_cast<int>(walk.segments);
   p.segment_len = static_cast<int>(walk.segment_len > 0 ? walk.segment_len : c.seqlen);
+  p.walked_segments = static_cast<int>(walk.segments - (walk.skip_last_segment ? 1 : 0));
   p.final_per_sequence = walk.final_per_sequence;
   p.heads_v = static_cast<int>(c.heads_v);
   p.group = static_cast<int>(c.heads_v / c.heads_qk);
@@ -75,8 +77,8 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
   p.warmup = walk.warmup;
   p.segment_start = walk.segment_start;
 
-  // (sequence, segment, v-head), twice when the state maps' pass shares the launch
-  const dim3 grid(static_cast<unsigned>(c.num_seqs * walk.segments * c.heads_v *
+  // (sequence, walked segment, v-head), twice when the state maps' pass shares the launch
+  const dim3 grid(static_cast<unsigned>(c.num_seqs * p.walked_segments * c.heads_v *
                                         (walk.state_maps != nullptr ? 2 : 1)));
   // Right behind the op's own previous kernel (the inverse, the varlen plan, or a segment
   // split's plan, state-only pass or combine), this launch follows it programmatically.
@@ -142,6 +144,7 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
   const int64_t b = c.batch, t = c.seqlen, hv = c.heads_v;
   const int64_t seg_len = ((t + kChunk - 1) / kChunk + segments - 1) / segments * kChunk;
   const int64_t n = (t + seg_len - 1) / seg_len;  // segments per sequence
+  TORCH_INTERNAL_ASSERT(n >= 2, "a segment split needs two segments or more, got ", n);
   const at::TensorOptions f32 = c.q.options().dtype(at::kFloat);
 
   at::Tensor warmup = at::empty({b * n, hv}, c.q.options().dtype(at::kInt));
@@ -159,13 +162,14 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
   } else {
     chunk_sm90_segment_plan(c, plan);
   }
-  // The state-only passes start every segment from zero (the delta rule's maps from I, in the
-  // same launch).
+  // The state-only passes start every segment but the last from zero (the delta rule's maps
+  // from I, in the same launch); the combine needs no state of the last segment.
   ChunkCall from_zero = c;
   from_zero.initial_state = std::nullopt;
   at::Tensor local = at::empty({b * n, hv, kDim, kDim}, f32);
   at::Tensor maps = kDelta ? at::empty({b * n, hv, kDim, kDim}, f32) : at::Tensor();
   Walk state_walk = walk;
+  state_walk.skip_last_segment = true;
   if (kDelta) state_walk.state_maps = maps.data_ptr<float>();
   launch<Element, kDelta>(from_zero, at::Tensor(), local, t_u, state_walk);
   at::Tensor start = at::empty({b * n, hv, kDim, kDim}, f32);

@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
     tma_batch = 0;
     row_base = seq.start;
   } else {  // sequence b, or its segment k when the call is cut into segments
-    const int b = n / p.segments, k = n % p.segments;
+    const int b = n / p.walked_segments, k = n % p.walked_segments;
+    n = b * p.segments + k;
     tma_row0 = k * p.segment_len;
     len = min(p.segment_len, p.seqlen - tma_row0);
     tma_batch = b;

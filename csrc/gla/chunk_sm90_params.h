@@ -28,6 +28,9 @@ struct ChunkSm90Params {
                                // `segment_len` tokens (a multiple of 64), one CTA each; work
                                // item n is segment n % segments of sequence n / segments.
                                // Unsplit: 1 and T. The states are per work item, except:
+  int walked_segments;         // the first segments of each sequence this launch walks: all, or
+                               // all but the last (state-only passes: the combine never reads
+                               // the last segment's state); its CTAs map onto items as above
   bool final_per_sequence;     // the segment split's last pass: only each sequence's last
                                // segment writes the final state, at its sequence's index
   int heads_v, group;          // group = HV / H; v-head hv reads qk-head hv / group
