@@ -298,19 +298,19 @@ def test_chunk_sm90_varlen_many_sequences(gen, op, n, monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("n", [64, 256])
 @pytest.mark.parametrize("op", OPS)
-def test_chunk_sm90_varlen_cuda_graph_new_lengths(gen, op):
+def test_chunk_sm90_varlen_cuda_graph_new_lengths(gen, op, n):
     """A varlen call is capturable (no host sync) and a replay follows new cu_seqlens contents
-    (same N and T) and new data."""
-    n = 64
-    lens = _many_lengths(gen, n, longest=2048)
+    (same N and T) and new data: n sequences of 0 to 8192 tokens."""
+    lens = _many_lengths(gen, n)
     total = sum(lens)
     static = list(make_inputs(gen, 1, total, 2, 4, n, "mild"))
     cu = cu_seqlens(lens, "cuda")
     graph, (o, final) = _capture(op, static, initial_state=static[5], output_final_state=True,
                                  cu_seqlens=cu)
     for _ in range(2):
-        new_lens = torch.tensor(_many_lengths(gen, n, longest=2048), dtype=torch.float64)
+        new_lens = torch.tensor(_many_lengths(gen, n), dtype=torch.float64)
         # The same total: scale the lengths, then give the rounding remainder to the last one.
         new_lens = (new_lens * total / new_lens.sum()).floor().long()
         new_lens[-1] += total - int(new_lens.sum())
