@@ -7,6 +7,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <utility>
 
 #include "attention/varlen_schedule.h"
@@ -38,6 +39,28 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
   config.attrs = &follow;
   config.numAttrs = follows_previous ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// Raises kKernel's dynamic shared-memory limit to `bytes` on `device` (the current device),
+// once per kernel and device: the attribute is per function and device, and setting it on
+// every call cost host time on every launch (decode steps are launch-bound).
+template <auto kKernel>
+void allow_dynamic_smem(int device, int bytes) {
+  constexpr int kMaxDevices = 64;  // as device_info
+  static std::once_flag flags[kMaxDevices];
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "dsv4: CUDA device index must be in [0, ",
+              kMaxDevices, ") (got ", device, ")");
+  std::call_once(flags[device], [bytes] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        bytes));
+  });
+}
+
+// The split-KV partials (attention/split_kv.h) in one fp32 buffer on `like`'s device, one
+// allocation per call: o_partial [splits][rows][head_dim], then lse_partial [splits][rows].
+inline at::Tensor split_kv_workspace(int64_t splits, int64_t rows, int64_t head_dim,
+                                     const at::Tensor& like) {
+  return at::empty({splits * rows * (head_dim + 1)}, like.options().dtype(at::kFloat));
 }
 
 // DSV4_DISABLE_SM90=1 routes every op to the reference path (for tests and timing).

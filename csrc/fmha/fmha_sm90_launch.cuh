@@ -118,9 +118,8 @@ template <typename Element, int kHeadDim, int kBlockN, bool kVarlen>
 void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   using T = FmhaSm90Traits<Element, kHeadDim, kBlockN>;
   auto kernel = fmha_sm90_kernel<Element, kHeadDim, kBlockN, kVarlen>;
-  // Per function and device; cheap, so set on every launch rather than tracking devices.
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(T::kSmemBytes)));
+  allow_dynamic_smem<fmha_sm90_kernel<Element, kHeadDim, kBlockN, kVarlen>>(c.q.get_device(),
+                                                                             T::kSmemBytes);
   const GqaPacking pack = gqa_packing(c, T::kBlockM);
   const CUtensorMap tq =
       make_tensor_map_bshd("fmha", as_bshd(c, c.q), "q", pack.tokens, pack.heads);
@@ -151,7 +150,7 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   p.o_partial = p.lse_partial = nullptr;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int num_sms = device_info(c.q.get_device()).num_sms;
-  at::Tensor o_partial, lse_partial;  // split-KV workspace, alive until the combine is queued
+  at::Tensor split_workspace;  // split-KV partials, alive until the combine is queued
   VarlenScheduleBuffers schedule;     // alive until the kernel is queued
   if constexpr (kVarlen) {
     schedule = build_varlen_schedule(*c.cu_seqlens_q, *c.cu_seqlens_k, c.q.size(0), c.k.size(0),
@@ -175,10 +174,9 @@ void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
     p.num_splits = split_kv_plan(p.num_work, max_key_tiles, num_sms);
     if (p.num_splits > 1) {
       const int64_t rows = c.batch * c.seqlen_q * c.heads_q;
-      o_partial = at::empty({p.num_splits, rows, kHeadDim}, c.q.options().dtype(at::kFloat));
-      lse_partial = at::empty({p.num_splits, rows}, c.q.options().dtype(at::kFloat));
-      p.o_partial = o_partial.data_ptr<float>();
-      p.lse_partial = lse_partial.data_ptr<float>();
+      split_workspace = split_kv_workspace(p.num_splits, rows, kHeadDim, c.q);
+      p.o_partial = split_workspace.data_ptr<float>();
+      p.lse_partial = p.o_partial + p.num_splits * rows * kHeadDim;
     }
   }
 

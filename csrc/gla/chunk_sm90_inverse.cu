@@ -16,8 +16,8 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int
                   const ChunkSegmentPlanParams* segment_plan, bool odd_chunks_only) {
   using Tr = ChunkInverseTraits<Element, kGrouped>;
   auto kernel = chunk_sm90_inverse_kernel<Element, kGrouped>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(Tr::kSmemBytes)));
+  allow_dynamic_smem<chunk_sm90_inverse_kernel<Element, kGrouped>>(c.k.get_device(),
+                                                                     Tr::kSmemBytes);
   const CUtensorMap tk = make_tensor_map_bshd("chunk_gated_delta_rule", c.k, "k", Tr::kChunk);
   const at::Tensor beta = c.beta->contiguous();
 

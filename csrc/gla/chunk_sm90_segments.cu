@@ -74,9 +74,8 @@ void chunk_sm90_segment_combine(const ChunkCall& c, int64_t segments, at::Tensor
       static_cast<unsigned>(c.batch * c.heads_v * (Tr::kDim / Tr::kCombineCols));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (delta) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(chunk_segment_combine_kernel<true>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(Tr::kCombineSmemBytes)));
+    allow_dynamic_smem<chunk_segment_combine_kernel<true>>(c.k.get_device(),
+                                                           Tr::kCombineSmemBytes);
   }
   // Right behind the state-only pass: follows it programmatically.
   launch_kernel(delta ? chunk_segment_combine_kernel<true> : chunk_segment_combine_kernel<false>,

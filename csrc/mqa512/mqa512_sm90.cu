@@ -100,16 +100,14 @@ void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::T
   // Splits only where the work tiles are few; a forced count stays within the work-tile bound.
   p.num_splits = static_cast<int>(std::min<int64_t>(split_kv_plan(tiles, max_key_tiles, num_sms),
                                                     (kMqa512MaxWork - 1) / std::max<int64_t>(tiles, 1)));
-  at::Tensor o_partial, lse_partial;  // split-KV workspace, alive until the combine is queued
+  at::Tensor split_workspace;  // split-KV partials, alive until the combine is queued
   if (p.num_splits > 1) {
     const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads_q;
-    o_partial = at::empty({p.num_splits, rows, T::kHeadDim}, q.options().dtype(at::kFloat));
-    lse_partial = at::empty({p.num_splits, rows}, q.options().dtype(at::kFloat));
-    p.o_partial = o_partial.data_ptr<float>();
-    p.lse_partial = lse_partial.data_ptr<float>();
+    split_workspace = split_kv_workspace(p.num_splits, rows, T::kHeadDim, q);
+    p.o_partial = split_workspace.data_ptr<float>();
+    p.lse_partial = p.o_partial + p.num_splits * rows * T::kHeadDim;
   }
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(T::kSmemBytes)));
+  allow_dynamic_smem<mqa512_sm90_kernel<Element>>(q.get_device(), T::kSmemBytes);
   const CUtensorMap tq = make_tensor_map_bshd(op, q, "q", p.tile_tokens, p.tile_heads);
   const CUtensorMap tkv = make_tensor_map_bshd(op, kv, "kv", T::kBlockN);
   const CUtensorMap tc = compressed.defined()
