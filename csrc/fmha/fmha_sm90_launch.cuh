@@ -117,9 +117,8 @@ void fmha_sm90_d128_n128(const FmhaCall& c, at::Tensor& out, at::Tensor& lse);
 template <typename Element, int kHeadDim, int kBlockN, bool kVarlen>
 void launch(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
   using T = FmhaSm90Traits<Element, kHeadDim, kBlockN>;
-  auto kernel = fmha_sm90_kernel<Element, kHeadDim, kBlockN, kVarlen>;
-  allow_dynamic_smem<fmha_sm90_kernel<Element, kHeadDim, kBlockN, kVarlen>>(c.q.get_device(),
-                                                                             T::kSmemBytes);
+  constexpr auto kernel = fmha_sm90_kernel<Element, kHeadDim, kBlockN, kVarlen>;
+  allow_dynamic_smem<kernel>(c.q.get_device(), T::kSmemBytes);
   const GqaPacking pack = gqa_packing(c, T::kBlockM);
   const CUtensorMap tq =
       make_tensor_map_bshd("fmha", as_bshd(c, c.q), "q", pack.tokens, pack.heads);

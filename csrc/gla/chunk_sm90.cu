@@ -31,9 +31,8 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
             const Walk& walk = {}) {
   using Tr = ChunkSm90Traits<Element>;
   const char* op = kDelta ? "chunk_gated_delta_rule" : "chunk_simple_gla";
-  auto kernel = chunk_sm90_kernel<Element, kDelta, kFused>;
-  allow_dynamic_smem<chunk_sm90_kernel<Element, kDelta, kFused>>(c.q.get_device(),
-                                                                   Tr::kSmemBytes);
+  constexpr auto kernel = chunk_sm90_kernel<Element, kDelta, kFused>;
+  allow_dynamic_smem<kernel>(c.q.get_device(), Tr::kSmemBytes);
   const CUtensorMap tq = make_tensor_map_bshd(op, c.q, "q", Tr::kChunk);
   const CUtensorMap tk = make_tensor_map_bshd(op, c.k, "k", Tr::kChunk);
   const CUtensorMap tv = make_tensor_map_bshd(op, c.v, "v", Tr::kChunk);

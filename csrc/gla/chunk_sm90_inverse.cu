@@ -15,9 +15,8 @@ template <typename Element, bool kGrouped>
 at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int heads_per_cta,
                   const ChunkSegmentPlanParams* segment_plan, bool odd_chunks_only) {
   using Tr = ChunkInverseTraits<Element, kGrouped>;
-  auto kernel = chunk_sm90_inverse_kernel<Element, kGrouped>;
-  allow_dynamic_smem<chunk_sm90_inverse_kernel<Element, kGrouped>>(c.k.get_device(),
-                                                                     Tr::kSmemBytes);
+  constexpr auto kernel = chunk_sm90_inverse_kernel<Element, kGrouped>;
+  allow_dynamic_smem<kernel>(c.k.get_device(), Tr::kSmemBytes);
   const CUtensorMap tk = make_tensor_map_bshd("chunk_gated_delta_rule", c.k, "k", Tr::kChunk);
   const at::Tensor beta = c.beta->contiguous();
 

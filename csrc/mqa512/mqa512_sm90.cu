@@ -93,7 +93,7 @@ void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::T
             at::Tensor& lse) {
   using T = Mqa512Sm90Traits<Element>;
   static_assert(T::kBlockM == kRows, "packing assumes 64-row tiles");
-  auto kernel = mqa512_sm90_kernel<Element>;
+  constexpr auto kernel = mqa512_sm90_kernel<Element>;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int num_sms = device_info(q.get_device()).num_sms;
   const int64_t tiles = int64_t(p.num_m_blocks) * p.head_blocks * p.heads_kv * p.batch;
@@ -107,7 +107,7 @@ void launch(const char* op, Mqa512Sm90Params p, const at::Tensor& q, const at::T
     p.o_partial = split_workspace.data_ptr<float>();
     p.lse_partial = p.o_partial + p.num_splits * rows * T::kHeadDim;
   }
-  allow_dynamic_smem<mqa512_sm90_kernel<Element>>(q.get_device(), T::kSmemBytes);
+  allow_dynamic_smem<kernel>(q.get_device(), T::kSmemBytes);
   const CUtensorMap tq = make_tensor_map_bshd(op, q, "q", p.tile_tokens, p.tile_heads);
   const CUtensorMap tkv = make_tensor_map_bshd(op, kv, "kv", T::kBlockN);
   const CUtensorMap tc = compressed.defined()
