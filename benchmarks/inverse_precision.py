@@ -1,5 +1,5 @@
 """How accurate the delta rule's chunk inverse is with a 16-bit workspace: a CPU emulation of
-`invert_unit_lower_64` (csrc/gla/chunk_sm90_tiles.cuh) with A and T kept in fp32 (the kernel
+`invert_unit_lower_64` (csrc/sm90/chunk/chunk_sm90_tiles.cuh) with A and T kept in fp32 (the kernel
 before it moved to fp16), fp16 (the kernel now) or bf16, against the float64 inverse. It is
 what chose fp16, which halves the workspace (benchmarks/NOTES.md, the fused-inverse step). A
 tool for choosing, not a test. It follows the kernel's steps, not its code, so re-check it

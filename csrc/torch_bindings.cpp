@@ -8,10 +8,10 @@
 
 #include <string>
 
-#include "dsv4_attention/dsv4_attention.h"
-#include "fmha/fmha.h"
+#include "ops/dsv4_attention.h"
+#include "ops/fmha.h"
 #include "generated/build_info.h"  // written by setup.py
-#include "gla/chunk.h"
+#include "ops/chunk.h"
 
 // An importable module so `import dsv4_attn._C` loads this library (abi3, no pybind). Its
 // constants say what the build used; dsv4_attn.build_info() reads them.

@@ -18,7 +18,7 @@ torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: sm90 path ran, outputs finite")
 
-# head_dim 512, k is v (csrc/mqa512): 4 tokens x 16 heads per tile with a window, and a
+# head_dim 512, k is v (csrc/sm90/mqa512): 4 tokens x 16 heads per tile with a window, and a
 # two-token decode with 128 heads (two head blocks per token).
 for b, sq, sk, hq, window in ((2, 70, 200, 16, 63), (1, 2, 300, 128, -1)):
     q = torch.randn(b, sq, hq, 512, device="cuda", dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""GPU tests of dsv4_attention on the sm90 head_dim-512 kernel (csrc/mqa512): dense and varlen
+"""GPU tests of dsv4_attention on the sm90 head_dim-512 kernel (csrc/sm90/mqa512): dense and varlen
 sliding-only, HCA and CSA layers, the query heads of a token packed into 64-row tiles.
 
 Rule (FlashAttention's): max |ours - f64 oracle| <= 2 x max |low - f64 oracle| + 1e-3 on out

@@ -1,6 +1,6 @@
 """Bad inputs raise RuntimeError with a message naming the op, the argument and the requirement.
 
-The launchers (csrc/fmha/*.cpp, csrc/gla/*.cpp, csrc/common/checks.h) word every failure as
+The launchers (csrc/fmha/*.cpp, csrc/sm90/chunk/*.cpp, csrc/ops/checks.h) word every failure as
 "<op>: <argument> <requirement> (got <value>)"; each regex below matches the argument and
 the requirement, not the whole sentence. One test per class of bad input, one case per
 variant. Every case starts from a valid call, so only the named defect can trip a check.

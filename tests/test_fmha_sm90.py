@@ -258,7 +258,7 @@ def test_fmha_sm90_cuda_graph_replay(causal):
 
 
 # (Sq, Sk, Hq, Hkv, window): decode and short queries, whose few work tiles the launcher splits
-# over the key range (csrc/attention/split_kv.h) unless DSV4_SPLIT_KV pins the count.
+# over the key range (csrc/sm90/shared/split_kv.h) unless DSV4_SPLIT_KV pins the count.
 DECODE_CASES = [(1, 8192, 32, 8, -1), (2, 1, 8, 1, -1), (4, 3000, 8, 8, -1),
                 (8, 20000, 4, 1, -1), (1, 131072, 8, 1, -1), (2, 5000, 16, 2, 1000)]
 
@@ -326,7 +326,7 @@ def test_fmha_sm90_d128_keys_per_tile_bad_override(monkeypatch):
 
 # (B, Sq, Sk, Hq, Hkv, D, causal, window): work-tile counts below the SM count (and split),
 # about at it (11 x 12 = 132), and far above it, with tiles that see no key (Sq > Sk, causal)
-# and tiles of unequal cost, for each grid (attention/tile_scheduler.cuh).
+# and tiles of unequal cost, for each grid (sm90/shared/tile_scheduler.cuh).
 GRID_CASES = [(1, 300, 300, 4, 1, 128, True, -1), (1, 1408, 1408, 12, 4, 128, True, -1),
               (4, 1023, 1023, 16, 16, 64, True, 1), (3, 1023, 239, 16, 4, 256, True, -1),
               (2, 2000, 3000, 16, 2, 128, False, -1), (2, 900, 100, 16, 16, 64, True, 50)]

@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 python3 make_traced.py
 mkdir -p bin
 F="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -lcuda"
-nvcc $F -I../../csrc -DKERNEL_HEADER='"mqa512/mqa512_sm90_kernel.cuh"' harness.cu -o bin/bench &
+nvcc $F -I../../csrc -DKERNEL_HEADER='"sm90/mqa512/kernel.cuh"' harness.cu -o bin/bench &
 nvcc $F -I../../csrc gather_bench.cu -o bin/gather_bench &
 nvcc $F -Itraced -I../../csrc -DTRACE -DKERNEL_HEADER='"traced/mqa512/mqa512_sm90_kernel.cuh"' \
   harness.cu -o bin/trace &

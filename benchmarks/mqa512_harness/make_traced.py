@@ -6,7 +6,7 @@ import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
 src = open(sys.argv[1] if len(sys.argv) > 1 else
-           os.path.join(here, '../../csrc/mqa512/mqa512_sm90_kernel.cuh')).read()
+           os.path.join(here, '../../csrc/sm90/mqa512/kernel.cuh')).read()
 out_dir = sys.argv[2] if len(sys.argv) > 2 else os.path.join(here, 'traced')
 def after(anchor, code, count=1):
     global src

@@ -1,0 +1,54 @@
+// Plain parameters of the sm90 head_dim-512 shared-KV kernel (no torch types; shared by the
+// launcher and the kernel).
+#pragma once
+
+#include "sm90/shared/varlen_schedule.h"
+
+namespace dsv4 {
+
+// A varlen call is indexed as one batch of total_q query rows (out (1, total_q, Hq, 512), lse
+// (1, Hq, total_q), tensor maps over (1, total, H, 512)); each work tile takes its sequence's
+// rows and lengths from the schedule (csrc/sm90/shared/varlen_schedule.h).
+struct Mqa512Sm90Params {
+  void* out;           // (B, Sq, Hq, 512), contiguous, q's dtype
+  float* lse;          // (B, Hq, Sq), contiguous
+  const float* sinks;  // (Hq,) or nullptr
+  int batch, seqlen_q, seqlen_k;  // varlen: 1, total_q, total_k
+  int heads_q, heads_kv;
+  int group;           // Hq / Hkv: query head h reads KV head h / group
+  // A 64-row tile packs tile_tokens tokens x tile_heads query heads of one KV head
+  // (row = head * tile_tokens + token); head_blocks tiles cover a group's heads.
+  int tile_tokens, tile_heads, head_blocks;
+  int num_m_blocks;    // dense: ceil(Sq / tile_tokens); varlen: the schedule's slots
+  int num_work;        // num_m_blocks * head_blocks * heads_kv * batch * num_splits
+  const VarlenTile* varlen_tiles;  // nullptr: dense
+  const VarlenSequence* varlen_sequences;
+  const VarlenRows* varlen_compressed;  // varlen dsv4_attention: each sequence's compressed rows
+  float scale_log2;    // scale * log2(e), > 0
+  // Segment 1, the rows of kv: the keys visible_keys(causal, window_left) gives each row (fmha;
+  // dsv4_attention's window W is causal with window_left W - 1). use_kv = 0: no kv keys.
+  int use_kv;
+  int causal;          // bottom-right aligned
+  int window_left;     // < 0: no window
+  // Segment 2 (dsv4_attention HCA), the rows of compressed_kv, (B, seqlen_c, 1, 512): row w is
+  // visible to the query at position t iff w < min(seqlen_c, (t + 1) / compress_ratio). Varlen:
+  // (1, total_c, 1, 512), each sequence's rows from the schedule.
+  int compress_ratio;  // 0: no compressed rows
+  int seqlen_c;
+  // CSA instead of HCA: only the rows listed in topk (B, Sq, topk_k) int32, contiguous, that are
+  // closed are visible; they are gathered from `compressed` (row w of batch b at
+  // compressed + b * c_batch_stride + w * c_row_stride elements; c_row_stride bytes < 2^32).
+  const int* topk;     // nullptr: HCA (every closed row)
+  int topk_k;
+  const void* compressed;
+  long long c_batch_stride, c_row_stride;
+  // Split-KV (csrc/sm90/shared/split_kv.h): num_splits > 1 cuts each work tile's key tiles into
+  // that many ranges; each writes its rows to o_partial [split][row][512] fp32 and lse_partial
+  // [split][row] (no sink), row = (batch * Sq + token) * Hq + head, and the combine kernel
+  // writes out and lse.
+  int num_splits;
+  float* o_partial;
+  float* lse_partial;
+};
+
+}  // namespace dsv4
