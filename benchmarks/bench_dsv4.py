@@ -9,6 +9,9 @@ Every row prints the path ours took, its time, FA3's, the ratio, and our fractio
 ceiling: the bf16 GEMM rate (useful FLOPs: 4 * rows * visible keys * 512) for prefill rows,
 the copy bandwidth for the bytes a decode row must read (the K/V rows once, q and out).
     python benchmarks/bench_dsv4.py [--quick] [--markdown]   (--markdown appends to RESULTS.md)
+
+--status-out PATH writes the table as RESULTS.md's bench_dsv4 status block
+(benchmarks/update_status.py puts it there).
 """
 import argparse
 import math
@@ -123,14 +126,17 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="append the table to RESULTS.md")
     ap.add_argument("--out", default=None, help="also write the markdown section to OUT/bench_dsv4.md")
+    ap.add_argument("--status-out", default=None, metavar="PATH",
+                    help="write the table as a status block for benchmarks/update_status.py")
     args = ap.parse_args(argv)
     device = common.require_cuda("bench_dsv4")
     dtype = torch.bfloat16
     torch.manual_seed(0)
     ceil = {"gemm": common.gemm_tflops(device), "copy": common.copy_bandwidth(device)}
+    peers = f"FlashAttention-3: {'MLA path (qv = q, v = kv)' if fa3_func else 'not installed'}"
     header = (f"{common.env_header(device)}\nceilings this run: bf16 GEMM 8192^3 "
               f"{ceil['gemm']:.0f} TFLOP/s | D2D copy {ceil['copy']:.0f} GB/s (read + write)\n"
-              f"FlashAttention-3: {'MLA path (qv = q, v = kv)' if fa3_func else 'not installed'}")
+              f"{peers}")
     shapes = [  # (B, Sq, Sk, Hq, causal)
         (1, 4096, 4096, 64, True), (1, 4096, 4096, 128, True),
         (1, 8192, 8192, 64, True), (1, 8192, 8192, 128, True),
@@ -148,10 +154,13 @@ def main(argv=None):
              for kind, b, s, h, decode in layers]
     headers = ["row", "path", "ours ms", "FA3 ms", "ours", "FA3", "speedup vs FA3",
                "ours / ceiling"]
+    table_md = common.format_table(headers, rows, markdown=True)
+    common.write_status(args.status_out, common.status_block(
+        "bench_dsv4", f"{peers}\n\n{table_md}", gemm=ceil["gemm"], copy_gbs=ceil["copy"],
+        device=device, dtype=dtype, note="quick" if args.quick else ""))
     print(header)
     print(common.format_table(headers, rows))
-    section = (header.replace("\n", "\n\n") + "\n\n" +
-               common.format_table(headers, rows, markdown=True))
+    section = header.replace("\n", "\n\n") + "\n\n" + table_md
     title = f"head_dim 512 (bench_dsv4.py), {common.device_name(device)}"
     if args.markdown:
         common.append_results(os.path.join(HERE, "RESULTS.md"), title, section)

@@ -14,9 +14,10 @@ and merge_attn_states (the fused kernel against the ATen composition, both timed
 CUDA graphs of back-to-back calls over inputs that do not fit in L2, in % of copy bandwidth).
 
 Prints one table (last), writes a PNG of TFLOP/s against S and a copy of the table to --out,
-and appends the table to benchmarks/RESULTS.md unless --no-append. Before any shape is
-timed, dsv4's output is compared with SDPA's (max |diff|), so a fast wrong kernel shows up
-in the same row as its speed.
+and appends the table to benchmarks/RESULTS.md unless --no-append; --status-out PATH writes the
+tables as RESULTS.md's bench_fmha status block (benchmarks/update_status.py puts it there).
+Before any shape is timed, dsv4's output is compared with SDPA's (max |diff|), so a fast wrong
+kernel shows up in the same row as its speed.
 
 FLOPs: 4 * B * Hq * Sq * Sk * D (QK^T and PV), halved when causal (Sq == Sk);
 decode (Sq = 1): 4 * B * Hq * Sk * D, also reported as GB/s of K and V read.
@@ -439,6 +440,8 @@ def main(argv=None) -> int:
                    help="only the decode rows of the sweep (nothing appended)")
     p.add_argument("--budget-ms", type=float, default=150.0,
                    help="fewer timed calls (at least 3) when --rep calls would take longer")
+    p.add_argument("--status-out", default=None, metavar="PATH",
+                   help="write the tables as a status block for benchmarks/update_status.py")
     args = p.parse_args(argv)
 
     device = common.require_cuda("bench_fmha")
@@ -455,14 +458,23 @@ def main(argv=None) -> int:
     ceilings = (f"ceilings this run: {dname} GEMM 8192^3 {gemm:.0f} TFLOP/s | "
                 f"D2D copy {copy_gbs:.0f} GB/s (read + write)")
     print(ceilings)
-    print(f"FlashAttention-3: {'fa3_fwd_interface' if fa3_func else 'not installed (n/a cells)'}")
+    peers = f"FlashAttention-3: {'fa3_fwd_interface' if fa3_func else 'not installed (n/a cells)'}"
+    print(peers)
     extra = "" if args.only_decode else (
         "varlen (ms; TFLOP/s count causal pairs exactly):\n"
         + varlen_table(dtype, device, dsv4, args, gemm) + "\n\nmerge_attn_states:\n"
         + merge_table(dtype, device, dsv4, args, copy_gbs))
+
+    def status(body: str, note: str = "") -> None:  # --status-out
+        note = ", ".join(n for n in ("quick" if args.quick else "", note) if n)
+        common.write_status(args.status_out, common.status_block(
+            "bench_fmha", body, gemm=gemm, copy_gbs=copy_gbs, device=device, dtype=dtype,
+            note=note))
+
     if args.only_varlen:
         print()
         print(extra)
+        status("\n".join([peers, "", "```", extra, "```"]), "varlen and merge only")
         return 0
 
     rows = []
@@ -483,9 +495,11 @@ def main(argv=None) -> int:
     units = (f"cells: TFLOP/s of {dname} forward attention (causal counted as half); "
              "decode cells add GB/s of K + V read; ratios are dsv4 throughput / peer's; "
              f"check: max abs(dsv4 - SDPA) on out, FAIL above {CHECK_TOL.get(dtype, 5e-2):g}")
-    md = "\n".join([header, "", ceilings, "", units, "",
-                    build_table(rows, dtype, gemm, copy_gbs, markdown=True), "", "```", extra,
-                    "```"])
+    table_md = build_table(rows, dtype, gemm, copy_gbs, markdown=True)
+    md = "\n".join([header, "", ceilings, "", units, "", table_md, "", "```", extra, "```"])
+    status("\n".join([peers, "", units, "", table_md]
+                      + (["", "```", extra, "```"] if extra else [])),
+           "decode rows only" if args.only_decode else "")
 
     os.makedirs(args.out, exist_ok=True)
     stem = f"fmha_{dname}" + ("_quick" if args.quick else "") + ("_decode" if args.only_decode else "")

@@ -1,4 +1,5 @@
-"""Timing and ceiling helpers shared by the benchmarks (bench_fmha.py, and later GLA).
+"""Timing, ceiling and reporting helpers shared by the benchmarks (bench_fmha.py, bench_dsv4.py,
+bench_chunk.py and the tools under ab/ and profile/).
 
 Everything here measures on the device of the current run: a kernel's TFLOP/s is only
 meaningful beside the GEMM rate and copy bandwidth measured in the same process, because
@@ -8,10 +9,15 @@ import csv
 import datetime
 import os
 import statistics
+import subprocess
 import sys
 from typing import Callable, List, Optional, Sequence
 
 import torch
+
+from update_status import begin_marker, end_marker, valid_name  # benchmarks/update_status.py
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ----------------------------------------------------------------------------- setup
 
@@ -172,6 +178,51 @@ def append_results(md_path: str, title: str, table_text: str) -> None:
             f.write("# Benchmark results\n\nAppended by the scripts in this folder; "
                     "every section records its own device and ceilings.\n")
         f.write(f"\n## {today()}: {title}\n\n{table_text.rstrip()}\n")
+
+
+def git_commit() -> str:
+    """This checkout's commit: `git rev-parse --short HEAD`, with " (dirty)" when tracked files
+    differ from it; where git does not work here (a copy of the tree without .git, as on the GPU
+    machine), $DSV4_COMMIT when set (scripts/gpu_check.sh sets it where git works); else
+    "unknown"."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip()
+    try:
+        # Only this tree's own repository: not one that a copy of the tree happens to sit in.
+        if os.path.realpath(git("rev-parse", "--show-toplevel")) == os.path.realpath(REPO):
+            commit = git("rev-parse", "--short", "HEAD")
+            dirty = git("status", "--porcelain", "--untracked-files=no")
+            return commit + (" (dirty)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("DSV4_COMMIT", "").strip() or "unknown"
+
+
+def status_block(name: str, body: str, *, gemm: float, copy_gbs: float, device=None,
+                 dtype: torch.dtype = torch.bfloat16, note: str = "") -> str:
+    """A status block for benchmarks/RESULTS.md (benchmarks/update_status.py puts it there):
+    marker lines around one line naming the run (date, GPU, torch, CUDA, commit, this run's
+    ceilings) and ``body``, the bench's summary table as markdown."""
+    if not valid_name(name):
+        raise ValueError(f"status block name {name!r}: letters, digits, '_', '.', '-' only")
+    gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
+    gemm_name = "GEMM" if dtype == torch.bfloat16 else f"{dtype_name(dtype)} GEMM"
+    line = (f"**{name}**{f' ({note})' if note else ''} — {today()}, {gpu}, "
+            f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, "
+            f"commit {git_commit()}, ceilings: {gemm_name} {gemm:.0f} TFLOP/s, "
+            f"copy {copy_gbs:.0f} GB/s")
+    return f"{begin_marker(name)}\n{line}\n\n{body.strip()}\n{end_marker(name)}\n"
+
+
+def write_status(path: Optional[str], block: str) -> None:
+    """Write a status block to path (--status-out); nothing when path is None."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(block)
+    print(f"wrote {path}")
 
 
 def profile_calls(calls: dict, note: str = "") -> None:

@@ -3,13 +3,20 @@
 
 Each instruction names every accumulator register as an operand (up to 128), which is
 error-prone by hand. Run `python scripts/gen_wgmma.py` after changing the shapes below.
+
+    python scripts/gen_wgmma.py              # writes csrc/ptx/wgmma_ops.cuh
+    python scripts/gen_wgmma.py -o PATH      # writes PATH instead ("-": stdout)
+
+tests/test_generated.py checks that the checked-in header equals this script's output.
 """
+import argparse
 import os
+import sys
 
 SHAPES_N = (64, 128, 256)  # PV: N = head_dim; QK^T: N = keys per tile
 SS_EXTRA_N = (80, 176)      # QK^T only
 SS_MN_MAJOR_B_N = (256,)    # head_dim 512 PV with P from shared memory: B read MN-major
-RS_K_MAJOR_B_N = (64,)      # chunked GLA: B read K-major (kTransB = 0)
+RS_K_MAJOR_B_N = (64,)      # chunk kernels: B read K-major (kTransB = 0)
 TYPES = (("bf16", "__nv_bfloat16"), ("f16", "__half"))
 
 HEADER = """\
@@ -80,7 +87,12 @@ struct WgmmaRS<{n}, {ctype}, {trans_b}> {{
 """
 
 
-def main():
+DEFAULT_PATH = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                             "csrc", "ptx", "wgmma_ops.cuh"))
+
+
+def generate() -> str:
+    """The whole text of csrc/ptx/wgmma_ops.cuh."""
     parts = [HEADER]
     for ptype, ctype in TYPES:
         for n in SHAPES_N:
@@ -93,11 +105,24 @@ def main():
         for n in RS_K_MAJOR_B_N:
             parts.append(gen_rs(n, ptype, ctype, 0))
     parts.append("\n}  // namespace dsv4::ptx\n")
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc", "ptx", "wgmma_ops.cuh")
-    with open(path, "w") as f:
-        f.write("".join(parts))
-    print("wrote", os.path.normpath(path))
+    return "".join(parts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-o", "--output", default=DEFAULT_PATH,
+                    help='where to write the header ("-": stdout; default: csrc/ptx/wgmma_ops.cuh)')
+    args = ap.parse_args(argv)
+    text = generate()
+    if args.output == "-":
+        sys.stdout.write(text)
+        return 0
+    # newline="" keeps "\n" line ends on every platform: the check compares bytes.
+    with open(args.output, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    print("wrote", os.path.normpath(args.output))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

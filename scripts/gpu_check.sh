@@ -3,18 +3,22 @@
 # all cores, run the WHOLE test suite (CPU and gpu tests: the error tests must raise, not crash,
 # on this build too), compute-sanitizer, the benchmarks and the main command; logs go to $OUT
 # (default ./out); a short summary is printed last.
-#   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-gla-bench] [--no-dsv4-bench]
+#   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-chunk-bench] [--no-dsv4-bench]
 #                        [--no-sanitizer] [--quick-bench]
 #                        [--tests "FILES"]   (only those test files: a development run, not a check)
 #                        [--no-tests]        (no tests: the benchmarks of a tree whose suite ran in
 #                                             an earlier call on the same build)
 # FlashAttention-3 joins bench_fmha and bench_dsv4 when .peers/fmha is carried, FlashQLA and fla
-# join bench_gla when .peers/gla is (see ../shared/peers/fetch.sh).
+# join bench_chunk when .peers/gla is (see ../shared/peers/fetch.sh).
+# Each bench also writes its status block for benchmarks/RESULTS.md; they are collected in
+# $OUT/status.md, which `python3 benchmarks/update_status.py status.md` puts into RESULTS.md
+# here. The blocks name the commit: git's where it works, else $DSV4_COMMIT (a copy of the tree
+# without .git: pass DSV4_COMMIT=$(git rev-parse --short HEAD) with the command).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-BENCH=1; FMHA_BENCH=1; GLA_BENCH=1; DSV4_BENCH=1; SANITIZE=1; BENCH_ARGS=(); TESTS=tests; RUN_TESTS=1
+BENCH=1; FMHA_BENCH=1; CHUNK_BENCH=1; DSV4_BENCH=1; SANITIZE=1; BENCH_ARGS=(); TESTS=tests; RUN_TESTS=1
 while [ $# -gt 0 ]; do
   arg=$1; shift
   case "$arg" in
@@ -22,7 +26,7 @@ while [ $# -gt 0 ]; do
     --no-bench) BENCH=0 ;;
     --no-tests) RUN_TESTS=0 ;;
     --no-fmha-bench) FMHA_BENCH=0 ;;
-    --no-gla-bench) GLA_BENCH=0 ;;
+    --no-chunk-bench) CHUNK_BENCH=0 ;;
     --no-dsv4-bench) DSV4_BENCH=0 ;;
     --no-sanitizer) SANITIZE=0 ;;
     --quick-bench) BENCH_ARGS+=(--quick) ;;
@@ -33,6 +37,12 @@ done
 [ "$RUN_TESTS" = 1 ] || echo "NOTE: no tests in this call"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+# The commit the status blocks name, where git works in this tree (and none was given).
+if [ -z "${DSV4_COMMIT:-}" ] && [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$(pwd -P)" ] &&
+   commit=$(git rev-parse --short HEAD 2>/dev/null); then
+  [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit+=" (dirty)"
+  export DSV4_COMMIT=$commit
+fi
 declare -A STATUS
 step() {  # step NAME LOGFILE CMD...: run, log, record pass/fail and time
   local name=$1 log=$2; shift 2
@@ -90,9 +100,17 @@ if [ "$BENCH" = 1 ]; then
   # own reference through fla's Triton kernels, which the model tests must not use.
   [ -f .peers/fmha/env.sh ] && source .peers/fmha/env.sh
   [ -f .peers/gla/env.sh ] && source .peers/gla/env.sh
-  [ "$FMHA_BENCH" = 1 ] && step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" "${BENCH_ARGS[@]}"
-  [ "$GLA_BENCH" = 1 ] && step bench_gla bench_gla.log python3 benchmarks/bench_gla.py "${BENCH_ARGS[@]}"
-  [ "$DSV4_BENCH" = 1 ] && step bench_dsv4 bench_dsv4.log python3 benchmarks/bench_dsv4.py --out "$OUT" "${BENCH_ARGS[@]}"
+  rm -f "$OUT"/status_bench_*.md "$OUT/status.md"
+  [ "$FMHA_BENCH" = 1 ] && step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" \
+    --status-out "$OUT/status_bench_fmha.md" "${BENCH_ARGS[@]}"
+  [ "$CHUNK_BENCH" = 1 ] && step bench_chunk bench_chunk.log python3 benchmarks/bench_chunk.py \
+    --status-out "$OUT/status_bench_chunk.md" "${BENCH_ARGS[@]}"
+  [ "$DSV4_BENCH" = 1 ] && step bench_dsv4 bench_dsv4.log python3 benchmarks/bench_dsv4.py --out "$OUT" \
+    --status-out "$OUT/status_bench_dsv4.md" "${BENCH_ARGS[@]}"
+  # One file for all the blocks (few files come back from the device machine).
+  if compgen -G "$OUT/status_bench_*.md" > /dev/null; then
+    cat "$OUT"/status_bench_*.md > "$OUT/status.md" && rm -f "$OUT"/status_bench_*.md
+  fi
 fi
 
 echo
@@ -106,15 +124,18 @@ if [ "$RUN_TESTS" = 1 ]; then
 else
   echo "tests: not run in this call"
 fi
-for name in build tests memcheck racecheck main bench_fmha bench_gla bench_dsv4; do
+for name in build tests memcheck racecheck main bench_fmha bench_chunk bench_dsv4; do
   [ -n "${STATUS[$name]+x}" ] && printf '%-10s %s\n' "$name" "${STATUS[$name]}"
 done
 if [ "$BENCH" = 1 ] && [ "$FMHA_BENCH" = 1 ] && [ -f "$OUT/bench_fmha.log" ]; then
   echo "---- bench_fmha (tail)"; tail -n 40 "$OUT/bench_fmha.log"
 fi
-if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_gla.log" ]; then
-  echo "---- bench_gla (tail)"; tail -n 18 "$OUT/bench_gla.log"
+if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_chunk.log" ]; then
+  echo "---- bench_chunk (tail)"; tail -n 18 "$OUT/bench_chunk.log"
 fi
 if [ "$BENCH" = 1 ] && [ -f "$OUT/bench_dsv4.log" ]; then
   echo "---- bench_dsv4 (tail)"; tail -n 16 "$OUT/bench_dsv4.log"
+fi
+if [ -f "$OUT/status.md" ]; then
+  echo "status blocks: $OUT/status.md (here: python3 benchmarks/update_status.py status.md)"
 fi

@@ -1,6 +1,6 @@
 """Same-call A/B of two builds of the chunk ops: the measurement behind benchmarks/NOTES.md's
 chunk-kernel steps. Each build runs in its own process, base and variant alternating, on
-bench_gla's shapes and input recipe, seeded per row (the same tensors in every process). Prints
+bench_chunk's shapes and input recipe, seeded per row (the same tensors in every process). Prints
 each row's median ms per build and pass, variant / base, and whether o and final_state are
 bitwise equal.
 
@@ -8,7 +8,7 @@ bitwise equal.
     mkdir -p .scratch/base && git archive HEAD | tar -x -C .scratch/base
     # on the GPU machine: build both in place, then compare
     (cd .scratch/base && python3 setup.py build_ext --inplace) && python3 setup.py build_ext --inplace
-    python3 benchmarks/ab_gla.py .scratch/base . --rows 0,4 --passes 2
+    python3 benchmarks/ab/ab_chunk.py .scratch/base . --rows 0,4 --passes 2
 
 A directory is a source tree built in place (src/dsv4_attn/_C*.so). Every process checks that
 it imported dsv4_attn from its own tree and that the sm90 path ran. A benchmark for comparing
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # common, bench_chunk
 OPS = ("gated_delta_rule", "simple_gla")
 
 
@@ -51,30 +51,30 @@ def child(args):
     """One build, every row: a JSON line per (row, op) on stdout."""
     src = os.path.join(os.path.abspath(args.child), "src")
     sys.path.insert(0, src)
-    sys.path.insert(1, HERE)
-    import bench_gla  # noqa: E402 - after the tree's src is first on the path
+    sys.path.insert(1, BENCHMARKS)
+    import bench_chunk  # noqa: E402 - after the tree's src is first on the path
     import common  # noqa: E402
     import dsv4_attn  # noqa: E402
 
     if not os.path.abspath(dsv4_attn.__file__).startswith(src + os.sep):
-        sys.exit(f"ab_gla: imported dsv4_attn from {dsv4_attn.__file__}, not from {src}")
+        sys.exit(f"ab_chunk: imported dsv4_attn from {dsv4_attn.__file__}, not from {src}")
     cuda = args.device == "cuda"
-    device = common.require_cuda("ab_gla") if cuda else torch.device("cpu")
+    device = common.require_cuda("ab_chunk") if cuda else torch.device("cpu")
     dtype = common.parse_dtype(args.dtype)
     for row, (b, t, h, hv) in zip(args.row_ids, shapes(args)):
         torch.manual_seed(row)
         cu = None
         if b == 0:  # varlen
-            lens = bench_gla.varlen_lengths()
+            lens = bench_chunk.varlen_lengths()
             t, n_states, b = sum(lens), len(lens), 1
             cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64,
                               device=device)
         else:
             n_states = b
-        q, k, v, g, beta, s0 = bench_gla.make_inputs(b, t, h, hv, n_states, dtype, device)
-        path = dsv4_attn.chunk_gla_path(q, k, v, cu_seqlens=cu)
+        q, k, v, g, beta, s0 = bench_chunk.make_inputs(b, t, h, hv, n_states, dtype, device)
+        path = dsv4_attn.chunk_gated_delta_rule_path(q, k, v, g, beta, cu_seqlens=cu)
         if cuda and path != "sm90":
-            sys.exit(f"ab_gla: row {row} took the {path} path, not sm90")
+            sys.exit(f"ab_chunk: row {row} took the {path} path, not sm90")
         for op in args.ops:
             if op == "gated_delta_rule":
                 fn = lambda: dsv4_attn.chunk_gated_delta_rule(  # noqa: E731
@@ -97,8 +97,8 @@ def child(args):
 def shapes(args):
     if args.shape:
         return [tuple(int(x) for x in args.shape.split(","))]
-    import bench_gla  # noqa: E402
-    return [bench_gla.SHAPES[i] for i in args.row_ids]
+    import bench_chunk  # noqa: E402
+    return [bench_chunk.SHAPES[i] for i in args.row_ids]
 
 
 def run_build(tree, args):
@@ -107,7 +107,7 @@ def run_build(tree, args):
            "--rep", str(args.rep)] + (["--shape", args.shape] if args.shape else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"ab_gla: the run of {tree} failed (rc {proc.returncode}):\n"
+        sys.exit(f"ab_chunk: the run of {tree} failed (rc {proc.returncode}):\n"
                  f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
@@ -116,7 +116,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("base", nargs="?", help="the base source tree, built in place")
     p.add_argument("variant", nargs="?", help="the variant source tree, built in place")
-    p.add_argument("--rows", default="0,1,2,3,4,5,6", help="indices into bench_gla.SHAPES")
+    p.add_argument("--rows", default="0,1,2,3,4,5,6", help="indices into bench_chunk.SHAPES")
     p.add_argument("--shape", default=None, help="B,T,H,HV instead of --rows (one row)")
     p.add_argument("--ops", default=",".join(OPS), help="gated_delta_rule and/or simple_gla")
     p.add_argument("--passes", type=int, default=2, help="base, variant, base, ... this often")

@@ -1,6 +1,7 @@
 // Timing and trace harness for mqa512_sm90_kernel without torch (build.sh): causal fmha rows at
-// head_dim 512 (one KV head), median of event-timed launches; with -DTRACE, the clock64 events
-// of CTA 0 (see make_traced.py) for analyze.py.
+// head_dim 512 (one KV head), median of event-timed launches; with -DDSV4_TRACE (bin/trace),
+// one launch's DSV4_TRACE_STAMP events (csrc/sm90/shared/trace.cuh) of one CTA (0, or
+// $DSV4_TRACE_CTA), printed for analyze.py.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -8,12 +9,9 @@
 #include <cstdlib>
 #include <vector>
 #include <algorithm>
-#ifdef TRACE
-__device__ unsigned long long* g_trace;  // [8 roles][kCap]
-__device__ int g_trace_n[5];
-#define kCap 8192
-#define TR(role, id) do { if (blockIdx.x == 0) { \
-  if (_trn < kCap) g_trace[(role) * kCap + _trn] = ((unsigned long long)(id) << 48) | (clock64() & 0xffffffffffffull); ++_trn; } } while (0)
+#include "sm90/shared/trace.cuh"
+#ifndef KERNEL_HEADER
+#define KERNEL_HEADER "sm90/mqa512/kernel.cuh"
 #endif
 #include KERNEL_HEADER
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
@@ -42,6 +40,69 @@ static CUtensorMap tmap(void* base, long b, long s, long h, unsigned box_rows, u
   if (r != CUDA_SUCCESS) { printf("encode failed %d\n", r); exit(1); }
   return m;
 }
+// One harness row (main's arguments) and the kernel parameters for it: a hand copy of what the
+// launcher (csrc/sm90/mqa512/launch.cu) sets for fmha and dsv4_attention calls. Device
+// pointers come from main; num_work is left to main.
+struct Row {
+  int B, S, Sk, H, causal, window_left;
+  int ratio, Sc, topk_k;  // compressed rows: ratio 0 none; topk_k > 0 CSA, else HCA
+};
+static Mqa512Sm90Params make_params(const Row& r, void* out, float* lse, const float* sinks,
+                                    const void* comp, const int* topk) {
+  Mqa512Sm90Params p{};
+  p.out = out; p.lse = lse; p.sinks = sinks; p.batch = r.B; p.seqlen_q = r.S; p.seqlen_k = r.Sk;
+  p.heads_q = r.H; p.heads_kv = 1; p.group = r.H; p.tile_heads = std::min(r.H, 64);
+  p.tile_tokens = 64 / p.tile_heads; p.head_blocks = r.H / p.tile_heads;
+  p.num_m_blocks = (r.S + p.tile_tokens - 1) / p.tile_tokens; p.scale_log2 = 1.4426950408889634f / sqrtf(512.f);
+  p.use_kv = 1; p.causal = r.causal; p.window_left = r.window_left; p.num_splits = 1;
+  if (r.ratio > 0) {
+    p.compress_ratio = r.ratio; p.seqlen_c = r.Sc;
+    p.compressed = comp; p.c_batch_stride = (long long)r.Sc * 512; p.c_row_stride = 512;
+  }
+  if (r.topk_k > 0) { p.topk = topk; p.topk_k = r.topk_k; }
+  return p;
+}
+#ifdef DSV4_TRACE
+// The trace buffer of csrc/sm90/shared/trace.cuh: arm() before the launch allocates and zeroes
+// it and sets the kernel's symbols; print() after it writes every slot's events as
+//   E <slot> <point> <cycles since the CTA's first event>
+// lines for analyze.py (with "# ..." lines naming each slot and its count).
+struct TraceBuffer {
+  unsigned long long* events = nullptr;
+  static constexpr size_t kEvents = size_t(trace::kMaxSlots) * trace::kCapacity;
+  void arm(int cta) {
+    CK(cudaMalloc(&events, kEvents * 8)); CK(cudaMemset(events, 0, kEvents * 8));
+    int zero[trace::kMaxSlots] = {};
+    CK(cudaMemcpyToSymbol(trace::g_events, &events, sizeof(events)));
+    CK(cudaMemcpyToSymbol(trace::g_counts, zero, sizeof(zero)));
+    CK(cudaMemcpyToSymbol(trace::g_cta, &cta, sizeof(cta)));
+  }
+  void print(int cta, const char* const* slot_names) const {
+    std::vector<unsigned long long> h(kEvents);
+    int n[trace::kMaxSlots];
+    CK(cudaMemcpy(h.data(), events, kEvents * 8, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpyFromSymbol(n, trace::g_counts, sizeof(n)));
+    unsigned long long t0 = ~0ull;
+    for (int s = 0; s < trace::kMaxSlots; ++s)
+      for (int i = 0; i < std::min(n[s], trace::kCapacity); ++i)
+        t0 = std::min(t0, h[s * trace::kCapacity + i] & trace::kClockMask);
+    printf("# trace of CTA %d: E slot point cycles\n", cta);
+    for (int s = 0; s < trace::kMaxSlots; ++s) {
+      const int kept = std::min(n[s], trace::kCapacity);
+      printf("# slot %d (%s): %d events%s\n", s, slot_names[s] ? slot_names[s] : "-", n[s],
+             kept < n[s] ? " (the later ones dropped: raise DSV4_TRACE_CAPACITY)" : "");
+      for (int i = 0; i < kept; ++i) {
+        const unsigned long long v = h[s * trace::kCapacity + i];
+        printf("E %d %d %llu\n", s, (int)(v >> 48), (v & trace::kClockMask) - t0);
+      }
+    }
+  }
+};
+// The mqa512 family's slots (analyze.py reads them by number).
+static const char* const kSlotNames[trace::kMaxSlots] = {
+    "consumer warpgroup 0", "consumer warpgroup 1", "producer warp 0", "producer warp 1",
+    "producer warp 2",      "producer warp 3",      nullptr,           nullptr};
+#endif
 int main(int argc, char** argv) {
   int B = argc > 1 ? atoi(argv[1]) : 1, S = argc > 2 ? atoi(argv[2]) : 4096;
   int Sk = argc > 3 ? atoi(argv[3]) : S, H = argc > 4 ? atoi(argv[4]) : 64;
@@ -58,57 +119,41 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&q, nq * 2)); CK(cudaMalloc(&kv, nkv * 2)); CK(cudaMalloc(&out, nq * 2));
   CK(cudaMalloc(&lse, (size_t)B * H * S * 4));
   fill<<<1024, 256>>>(q, nq, 1); fill<<<1024, 256>>>(kv, nkv, 2); CK(cudaGetLastError());
-  Mqa512Sm90Params p{};
-  p.out = out; p.lse = lse; p.sinks = nullptr; p.batch = B; p.seqlen_q = S; p.seqlen_k = Sk;
-  p.heads_q = H; p.heads_kv = 1; p.group = H; p.tile_heads = std::min(H, 64);
-  p.tile_tokens = 64 / p.tile_heads; p.head_blocks = H / p.tile_heads;
-  p.num_m_blocks = (S + p.tile_tokens - 1) / p.tile_tokens; p.scale_log2 = 1.4426950408889634f / sqrtf(512.f);
-  p.use_kv = 1; p.causal = causal; p.window_left = window_left; p.num_splits = 1;
+  float* ds = nullptr;
   if (with_sinks) {
     std::vector<float> hs(H);
     for (int i = 0; i < H; ++i) hs[i] = 0.25f * (i % 7) - 0.5f;
-    float* ds; CK(cudaMalloc(&ds, H * 4)); CK(cudaMemcpy(ds, hs.data(), H * 4, cudaMemcpyHostToDevice));
-    p.sinks = ds;
+    CK(cudaMalloc(&ds, H * 4)); CK(cudaMemcpy(ds, hs.data(), H * 4, cudaMemcpyHostToDevice));
   }
   __nv_bfloat16* comp = nullptr;
   const int ratio = compressed_mode > 0 ? 4 : -compressed_mode, Sc = ratio > 0 ? Sk / ratio : 0;
   if (ratio > 0) {
     CK(cudaMalloc(&comp, (size_t)B * Sc * 512 * 2)); fill<<<1024, 256>>>(comp, (size_t)B * Sc * 512, 3);
-    p.compress_ratio = ratio; p.seqlen_c = Sc;
-    p.compressed = comp; p.c_batch_stride = (long long)Sc * 512; p.c_row_stride = 512;
   }
+  int* topk = nullptr;
   if (compressed_mode > 0) {  // token t lists K distinct rows (an odd stride mod a power of two)
     const int K = compressed_mode;
     std::vector<int> idx((size_t)B * S * K);
     for (size_t r = 0; r < (size_t)B * S; ++r)
       for (int j = 0; j < K; ++j) idx[r * K + j] = (int)((r * 7919 + (size_t)j * 104729) % Sc);
-    int* d; CK(cudaMalloc(&d, idx.size() * 4)); CK(cudaMemcpy(d, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
-    p.topk = d; p.topk_k = K;
+    CK(cudaMalloc(&topk, idx.size() * 4)); CK(cudaMemcpy(topk, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
   }
+  const Row row{B, S, Sk, H, causal, window_left, ratio, Sc, compressed_mode > 0 ? compressed_mode : 0};
+  Mqa512Sm90Params p = make_params(row, out, lse, ds, comp, topk);
   p.num_work = p.num_m_blocks * p.head_blocks * B;
   CUtensorMap tq = tmap(q, B, S, H, p.tile_tokens, p.tile_heads), tkv = tmap(kv, B, Sk, 1, 64, 1);
   CUtensorMap tc = ratio > 0 ? tmap(comp, B, Sc, 1, 64, 1) : tkv;
   auto kernel = mqa512_sm90_kernel<__nv_bfloat16>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
-#ifdef TRACE
-  unsigned long long* tr; CK(cudaMalloc(&tr, 8 * kCap * 8)); CK(cudaMemset(tr, 0, 8 * kCap * 8));
-  CK(cudaMemcpyToSymbol(g_trace, &tr, sizeof(tr)));
-  int zero[5] = {0, 0, 0, 0, 0}; CK(cudaMemcpyToSymbol(g_trace_n, zero, sizeof(zero)));
+#ifdef DSV4_TRACE
   const int grid = persistent ? std::min(p.num_work, 132) : p.num_work;
+  const int cta = getenv("DSV4_TRACE_CTA") ? atoi(getenv("DSV4_TRACE_CTA")) : 0;
+  if (cta < 0 || cta >= grid) { printf("DSV4_TRACE_CTA=%d: the grid has %d CTAs\n", cta, grid); return 1; }
+  TraceBuffer trace_buffer;
+  trace_buffer.arm(cta);
   kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);
   CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
-  std::vector<unsigned long long> h(8 * kCap); int n[8];
-  CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
-  for (int r = 0; r < 8; ++r) { n[r] = 0; while (n[r] < kCap && h[r * kCap + n[r]] != 0) ++n[r]; }
-  unsigned long long t0 = ~0ull;
-  for (int r = 0; r < 8; ++r) for (int i = 0; i < std::min(n[r], kCap); ++i) t0 = std::min(t0, h[r * kCap + i] & 0xffffffffffffull);
-  for (int r = 0; r < 8; ++r) {
-    printf("role %d: %d events\n", r, n[r]);
-    for (int i = 0; i < std::min(n[r], kCap); ++i) {
-      unsigned long long v = h[r * kCap + i];
-      printf("R%d %d %llu\n", r, (int)(v >> 48), (v & 0xffffffffffffull) - t0);
-    }
-  }
+  trace_buffer.print(cta, kSlotNames);
 #else
   const int grid = persistent ? std::min(p.num_work, 132) : p.num_work;
   for (int i = 0; i < 3; ++i) kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);

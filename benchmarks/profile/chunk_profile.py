@@ -1,12 +1,13 @@
-"""One profiled call of dsv4_attn's chunk op and one of FlashQLA on the same inputs (bench_gla's
-rows and input recipe), for Nsight Compute: every kernel of each call is captured, so the
-delta rule shows its inverse kernel beside the chunk kernel. A tool for choosing, not a test.
+"""One profiled call of dsv4_attn's chunk op and one of FlashQLA on the same inputs
+(bench_chunk's rows and input recipe), for Nsight Compute: every kernel of each call is
+captured, so the delta rule shows its inverse kernel beside the chunk kernel. A tool for
+choosing, not a test.
 
     ncu --profile-from-start off --kernel-name-base demangled --set full -o prof \\
-        python benchmarks/chunk_profile.py --shape 4,8192,16,32 --op gated_delta_rule
+        python benchmarks/profile/chunk_profile.py --shape 4,8192,16,32 --op gated_delta_rule
 
     ncu --import prof.ncu-rep --page details --csv > details.csv
-    python benchmarks/chunk_profile.py --summarize details.csv
+    python benchmarks/profile/chunk_profile.py --summarize details.csv
 
 Each implementation is warmed up unprofiled (FlashQLA compiles on first use); only the call
 between profiler start and stop is captured. FlashQLA joins the delta rule when it imports
@@ -19,9 +20,8 @@ import sys
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import bench_gla  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+import bench_chunk  # noqa: E402
 import common  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def owner(kernel_name):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="4,8192,16,32", help="B,T,H,HV (B = 0: bench_gla's "
+    ap.add_argument("--shape", default="4,8192,16,32", help="B,T,H,HV (B = 0: bench_chunk's "
                                                             "varlen row)")
     ap.add_argument("--op", default="gated_delta_rule", choices=["gated_delta_rule", "simple_gla"])
     ap.add_argument("--summarize", metavar="CSV", help="print an ncu details CSV side by side")
@@ -46,9 +46,9 @@ def main():
 
     torch.manual_seed(0)
     shape = tuple(int(x) for x in args.shape.split(","))
-    q, k, v, g, beta, s0, cu, *_ = bench_gla.row_inputs(shape, torch.bfloat16,
-                                                        torch.device("cuda"))
-    path = dsv4_attn.chunk_gla_path(q, k, v, cu_seqlens=cu)
+    q, k, v, g, beta, s0, cu, *_ = bench_chunk.row_inputs(shape, torch.bfloat16,
+                                                          torch.device("cuda"))
+    path = dsv4_attn.chunk_gated_delta_rule_path(q, k, v, g, beta, cu_seqlens=cu)
     if path != "sm90":
         sys.exit(f"chunk_profile: dsv4 took the {path} path, not sm90")
     if args.op == "gated_delta_rule":
@@ -57,7 +57,7 @@ def main():
     else:
         calls = {"dsv4": lambda: dsv4_attn.chunk_simple_gla(
             q, k, v, g, initial_state=s0, output_final_state=True, cu_seqlens=cu)}
-    qla = bench_gla.peer_calls(args.op, q, k, v, g, beta, s0, cu).get("FlashQLA")
+    qla = bench_chunk.peer_calls(args.op, q, k, v, g, beta, s0, cu).get("FlashQLA")
     if qla is not None:
         calls["FlashQLA"] = qla
     common.profile_calls(calls, f" ({args.op}, {shape})")

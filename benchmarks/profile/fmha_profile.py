@@ -3,10 +3,11 @@ Compute: which of the two kernels spends what where. A tool for choosing, not a 
 
     ncu --profile-from-start off --kernel-name-base demangled \\
         --kernel-name regex:"fmha_sm90_kernel|FlashAttnFwdSm90" --set full -o prof \\
-        python benchmarks/fmha_profile.py --batch 4 --seq 4096 --heads 16 --dim 128 --causal 0
+        python benchmarks/profile/fmha_profile.py --batch 4 --seq 4096 --heads 16 --dim 128 \\
+        --causal 0
 
     ncu --import prof.ncu-rep --page details --csv > details.csv
-    python benchmarks/fmha_profile.py --summarize details.csv
+    python benchmarks/profile/fmha_profile.py --summarize details.csv
 
 Each implementation is warmed up unprofiled; only the call between profiler start and stop is
 captured. FlashAttention-3 joins when fa3_fwd_interface imports (`source .peers/fmha/env.sh`).
@@ -20,8 +21,8 @@ import torch
 
 import dsv4_attn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402  (benchmarks/common.py)
 
 try:
     from fa3_fwd_interface import flash_attn_func as fa3_func

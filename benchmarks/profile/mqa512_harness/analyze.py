@@ -1,40 +1,48 @@
 """Prints one steady pair of key tiles from a bin/trace dump (relative cycles): the consumers'
 events (A = consumer 0, B = consumer 1) and the producers' empty-barrier waits and box issues.
-    python3 analyze.py trace.txt"""
+    python3 analyze.py trace.txt          # one pair's timeline
+    python3 analyze.py trace.txt tiles    # per work tile (the persistent grid)
+bin/trace prints `E slot point cycles` lines (harness.cu, csrc/sm90/shared/trace.cuh). The
+mqa512 family's slots: 0 and 1 the consumer warpgroups (A, B), 2-5 the producer warps 0-3.
+Its points: consumer 1, 2, 10-17, 20-23, 30-38, 40, 41 (`names` below and the tiles mode),
+producer 0-3 a stage half's empty barrier passed (stage * 2 + half), 4-7 its boxes issued
+(4 + stage * 2 + half), 8 Q issued, 9 the Q buffer free."""
 import sys, collections
+CONSUMER_A, CONSUMER_B = 0, 1   # slots
+PRODUCERS = (2, 3, 4, 5)        # producer warps 0-3
 ev = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    if line.startswith('R'):
-        r, i, t = line.split(); ev[int(r[1:])].append((int(i), int(t)))
+    if line.startswith('E '):
+        _, slot, i, t = line.split(); ev[int(slot)].append((int(i), int(t)))
 names = {10:'A start',11:'A max0 arrive',12:'A pown ready',13:'A ownPV done',14:'A max1 synced',15:'A P0 arrive',16:'A P1 synced',17:'A rPV issued',
          20:'qk h-own issued',21:'qk between done',22:'qk h-other issued',23:'qk done',
          30:'B start',31:'B max0 synced',32:'B max1 arrive',33:'B P1 arrive',35:'B P0 synced',36:'B rPV issued',37:'B ownPV done',38:'B rPV done',40:'rowsums'}
-# per-pair timeline: split role 1 by event 10 and role 2 by 30
-def pairs(role, start):
+# per-pair timeline: split consumer A's slot by event 10 and B's by 30
+def pairs(slot, start):
     out, cur = [], None
-    for i, t in ev[role]:
+    for i, t in ev[slot]:
         if i == start:
             cur = {}; out.append(cur)
         if cur is not None and i not in cur: cur[i] = t
     return out
 if len(sys.argv) > 2 and sys.argv[2] == 'tiles':
-    # Per work tile of CTA 0 (consumer 0's events 1 = tile start, 2 = Q landed, 23 = a Q K^T
+    # Per work tile of the traced CTA (consumer 0's events 1 = tile start, 2 = Q landed, 23 = a Q K^T
     # done, 40 = row sums swapped, 41 = epilogue done; the producer's 9 = Q buffer free,
     # 8 = Q issued), relative to the tile's start.
-    T = pairs(1, 1)
+    T = pairs(CONSUMER_A, 1)
     starts = [t[1] for t in T]
     per = [b - a for a, b in zip(starts, starts[1:])]
     print(f"work tiles {len(T)}, cycles per tile: median {sorted(per)[len(per)//2] if per else 0}")
-    qi = [t for i, t in ev[3] if i == 8]
-    qf = [t for i, t in ev[3] if i == 9]
+    qi = [t for i, t in ev[PRODUCERS[0]] if i == 8]
+    qf = [t for i, t in ev[PRODUCERS[0]] if i == 9]
     for k in range(2, min(len(T), 8)):
         base = T[k][1]
-        qk = [t - base for i, t in ev[1] if i == 23 and base <= t < (starts[k + 1] if k + 1 < len(starts) else 1 << 60)]
+        qk = [t - base for i, t in ev[CONSUMER_A] if i == 23 and base <= t < (starts[k + 1] if k + 1 < len(starts) else 1 << 60)]
         iss = [t - base for t in qi if starts[k - 1] <= t < base + 100000][:2]
         print(f"tile {k}: Q landed {T[k].get(2, base) - base}, Q K^T done {qk}, row sums {T[k].get(40, base) - base}, "
               f"epilogue done {T[k].get(41, base) - base}, next {per[k] if k < len(per) else '-'}; Q issues (from tile start) {iss}")
     sys.exit(0)
-A, B = pairs(1, 10), pairs(2, 30)
+A, B = pairs(CONSUMER_A, 10), pairs(CONSUMER_B, 30)
 n = min(len(A), len(B))
 print(f"pairs A {len(A)} B {len(B)}")
 if n > 4:
@@ -46,6 +54,9 @@ if n > 4:
     for t, w, nm in sorted(rows): print(f"{t:7d} {w} {nm}")
     # producer events in that window
     end = A[k+1][10]
-    for role in (3, 4, 5, 6):
-        for i, t in ev[role]:
-            if base - 3000 <= t <= end: print(f"{t-base:7d} P{role-3} {'empty ok' if i < 4 else 'issued'} stage {(i%4)//2} half {i%2}")
+    for w, slot in enumerate(PRODUCERS):
+        for i, t in ev[slot]:
+            if base - 3000 <= t <= end:
+                what = {8: 'Q issued', 9: 'Q buffer free'}.get(
+                    i, f"{'empty ok' if i < 4 else 'issued'} stage {(i%4)//2} half {i%2}")
+                print(f"{t-base:7d} P{w} {what}")

@@ -1,9 +1,9 @@
 """Time launch-time variants of the sm90 fmha kernel against each other and FlashAttention-3 in
 one process: the sweeps behind benchmarks/NOTES.md. A tool for choosing, not a test.
 
-    python benchmarks/fmha_variants.py --env DSV4_FMHA_D128_BLOCK_N=176,128 --dims 128
-    python benchmarks/fmha_variants.py --env DSV4_FMHA_GRID=per_tile,persistent --causal 0
-    python benchmarks/fmha_variants.py --env DSV4_FMHA_GRID=per_tile,dynamic --varlen
+    python benchmarks/ab/fmha_variants.py --env DSV4_FMHA_D128_BLOCK_N=176,128 --dims 128
+    python benchmarks/ab/fmha_variants.py --env DSV4_FMHA_GRID=per_tile,persistent --causal 0
+    python benchmarks/ab/fmha_variants.py --env DSV4_FMHA_GRID=per_tile,dynamic --varlen
 
 Each variant is one value of an environment variable the launcher reads on every call. Rows:
 bf16, B*S = 16k tokens, Hq = 2048 / D (plus GQA 32/8 at D = 128), S in --seqs, causal and not;
@@ -16,6 +16,7 @@ and whether the variants' outputs are bitwise equal.
 import argparse
 import os
 import statistics
+import sys
 
 import torch
 
@@ -62,7 +63,9 @@ def dense_rows(dims, seqs, causals):
 
 
 def varlen_rows():
-    import bench_fmha  # benchmarks/bench_fmha.py: the same batches as its varlen table
+    # benchmarks/bench_fmha.py: the same batches as its varlen table
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import bench_fmha
     gen = torch.Generator().manual_seed(5)
     for name, lens, hq, hkv, d, causal in bench_fmha.VARLEN_ROWS:
         if lens is None:

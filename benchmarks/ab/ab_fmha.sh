@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Same-call A/B of source trees of the sm90 fmha kernel: the measurement behind
-# benchmarks/NOTES.md's fmha steps. The fmha counterpart of ab_gla.py.
+# benchmarks/NOTES.md's fmha steps. The fmha counterpart of ab_chunk.sh.
 #
 #   # here: each tree is a source copy (git-ignored; name .scratch in the run's carry)
 #   mkdir -p .scratch/trees/base && git archive HEAD | tar -x -C .scratch/trees/base
 #   mkdir -p .scratch/trees/new && git archive next/x | tar -x -C .scratch/trees/new
 #   # on the GPU machine, one call (about 3 min for three trees, dense rows):
-#   source .peers/fmha/env.sh; bash benchmarks/ab_fmha.sh base new
+#   source .peers/fmha/env.sh; bash benchmarks/ab/ab_fmha.sh base new
 #
 # Builds every tree in place in parallel, runs the fmha tests on each tree after the first,
-# then times the trees' benchmarks/fmha_variants.py rows (this checkout's script, each tree's
+# then times the trees' benchmarks/ab/fmha_variants.py rows (this checkout's script, each tree's
 # build on PYTHONPATH) in alternating processes over two passes. Prints each row's TFLOP/s per
 # tree and pass, the best pass of each tree over the first's, and FA3's best rate when it
 # imports. Logs go to /tmp/ab_fmha. Environment: DIMS, SEQS, CAUSAL (fmha_variants' rows),
@@ -27,7 +27,7 @@ run_pass() {  # run_pass TAG [fmha_variants args...]
   for pass in 1 2; do
     for t in "${TREES[@]}"; do
       PYTHONPATH=$PWD/.scratch/trees/$t/src${PYTHONPATH:+:$PYTHONPATH} python3 \
-        benchmarks/fmha_variants.py --env "DSV4_AB_TREE=$t" --rounds 2 "$@" \
+        benchmarks/ab/fmha_variants.py --env "DSV4_AB_TREE=$t" --rounds 2 "$@" \
         > "$LOGS/${tag}_${t}_$pass.txt" 2>&1 || echo "$t pass $pass failed: $LOGS/${tag}_${t}_$pass.txt"
     done
   done

@@ -1,8 +1,8 @@
 """Chunked linear attention forward: dsv4's sm90 kernel against FlashQLA and
 flash-linear-attention (fla), and against the floor of this GPU, all measured in one process.
 
-    python benchmarks/bench_gla.py            # the issue's rows, both ops
-    python benchmarks/bench_gla.py --quick    # two shapes (smoke run)
+    python benchmarks/bench_chunk.py            # the issue's rows, both ops
+    python benchmarks/bench_chunk.py --quick    # two shapes (smoke run)
 
 Peers are optional imports (`source .peers/gla/env.sh`, see ../shared/peers/fetch.sh): FlashQLA
 (Qwen's TileLang kernels, chunk_gated_delta_rule only) and fla's Triton path (FLA_FLASH_QLA=0).
@@ -21,7 +21,8 @@ Floor = max(FLOPs / bf16 GEMM rate, bytes / copy bandwidth), both ceilings measu
   bytes: q, k, v, o, g (and beta) read or written once, plus the initial and final states.
 Every row also reports which path ran and the rel-RMS difference between each implementation
 and dsv4's fp32 reference path, so a fast wrong kernel shows up next to its speed. Prints one
-table (last) and appends it to benchmarks/RESULTS.md unless --no-append.
+table (last) and appends it to benchmarks/RESULTS.md unless --no-append; --status-out PATH
+writes it as RESULTS.md's bench_chunk status block (benchmarks/update_status.py puts it there).
 """
 import argparse
 import os
@@ -174,13 +175,15 @@ def main(argv=None) -> int:
                         "compiles make the whole list long for one device call)")
     p.add_argument("--no-warm", action="store_true",
                    help="no parallel warm-up processes: each peer compiles when its row comes")
+    p.add_argument("--status-out", default=None, metavar="PATH",
+                   help="write the table as a status block for benchmarks/update_status.py")
     p.add_argument("--warm-row", default=None, help=argparse.SUPPRESS)  # B,T,H,HV: internal
     args = p.parse_args(argv)
 
     dtype = common.parse_dtype(args.dtype)
     if args.warm_row:
         return warm_row(tuple(int(x) for x in args.warm_row.split(",")), dtype)
-    device = common.require_cuda("bench_gla")
+    device = common.require_cuda("bench_chunk")
     import dsv4_attn as dsv4  # after the CUDA check
 
     torch.manual_seed(0)
@@ -204,7 +207,7 @@ def main(argv=None) -> int:
     for shape in shapes:
         q, k, v, g, beta, s0, cu, t, b, n_states, label = row_inputs(shape, dtype, device)
         h, hv = shape[2], shape[3]
-        path = dsv4.chunk_gla_path(q, k, v, cu_seqlens=cu)
+        path = dsv4.chunk_gated_delta_rule_path(q, k, v, g, beta, cu_seqlens=cu)
         for op in ("gated_delta_rule", "simple_gla"):
             if op == "gated_delta_rule":
                 ours = lambda: dsv4.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
@@ -263,8 +266,14 @@ def main(argv=None) -> int:
     units = ("ms: median per call with initial and final state; speed vs X: X's ms / dsv4's ms; "
              "floor: max(FLOPs / GEMM rate, bytes / copy bandwidth); rel-RMS vs ref: max over o "
              "and final_state of ||impl - dsv4 reference path|| / ||reference path||")
-    md = "\n".join([header, "", peers, "", ceilings, "", units, "",
-                    common.format_table(headers, rows, markdown=True)])
+    table_md = common.format_table(headers, rows, markdown=True)
+    md = "\n".join([header, "", peers, "", ceilings, "", units, "", table_md])
+    note = ", ".join(n for n in ("quick" if args.quick else "",
+                                 f"rows {args.rows}" if args.rows else "",
+                                 "no peers" if args.no_peers else "") if n)
+    common.write_status(args.status_out, common.status_block(
+        "bench_chunk", "\n".join([peers, "", units, "", table_md]), gemm=gemm,
+        copy_gbs=copy_gbs, device=device, dtype=dtype, note=note))
     print()
     print(md)
     print()
