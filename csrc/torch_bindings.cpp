@@ -8,10 +8,12 @@
 
 #include <string>
 
-#include "ops/dsv4_attention.h"
-#include "ops/fmha.h"
 #include "generated/build_info.h"  // written by setup.py
 #include "ops/chunk.h"
+#include "ops/dsv4_attention.h"
+#include "ops/entry.h"
+#include "ops/fmha.h"
+#include "ops/merge_attn_states.h"
 
 // An importable module so `import dsv4_attn._C` loads this library (abi3, no pybind). Its
 // constants say what the build used; dsv4_attn.build_info() reads them.
@@ -62,9 +64,11 @@ void forward_only(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
 }  // namespace
 
 namespace {
-// The argument lists of the compute ops. Each op also has a private `_<op>_check` twin with the
-// same arguments that only validates them; the fake (tracing) kernels in dsv4_attn/ops.py run
-// it on meta tensors of the traced shapes, so tracing rejects exactly what the op rejects.
+// The argument lists of the compute ops. Every op has three twins with the same arguments:
+// `_<op>_check` only validates them (the fake kernels in dsv4_attn/ops.py run it on meta tensors
+// of the traced shapes, so tracing rejects exactly what the op rejects); `<op>_path` names the
+// implementation the op would run ("sm90" or "reference"); `_<op>_plan` gives the launch
+// decisions, or why the reference path runs.
 constexpr const char* kFmhaArgs =
     "(Tensor q, Tensor k, Tensor v, *, float? scale=None, bool causal=False, "
     "int window_left=-1, Tensor? sinks=None, Tensor? cu_seqlens_q=None, "
@@ -83,110 +87,80 @@ constexpr const char* kSimpleGlaArgs =
     "(Tensor q, Tensor k, Tensor v, Tensor g, *, float? scale=None, "
     "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None)";
 
-std::string schema(const char* name, const char* args, const char* returns) {
-  return std::string(name) + args + " -> " + returns;
+// Every compute op with its twins, and what it returns.
+struct OpSchema {
+  const char* name;
+  const char* args;
+  const char* returns;
+};
+constexpr OpSchema kOps[] = {
+    // Softmax attention; dense q (B, Sq, Hq, D) or varlen q (total_q, Hq, D) with cu_seqlens.
+    // Returns out (q's shape, Dv last) and lse fp32 (B, Hq, Sq) | (Hq, total_q).
+    {"fmha", kFmhaArgs, "(Tensor out, Tensor lse)"},
+    // One DeepSeek-V4 attention layer: one softmax over the sliding window of kv (one head, used
+    // as key and value) and the closed rows of compressed_kv (all: HCA; listed: CSA), plus sinks.
+    // Dense q (B, Sq, Hq, D), kv (B, Skv, D); varlen q (total_q, Hq, D), kv (total_kv, D).
+    {"dsv4_attention", kDsv4Args, "(Tensor out, Tensor lse)"},
+    // Exact merge of two fmha results over disjoint key sets, through their LSE.
+    {"merge_attn_states", kMergeArgs, "(Tensor out, Tensor lse)"},
+    // Chunked gated linear attention (64-token chunks).
+    {"chunk_gated_delta_rule", kGatedDeltaArgs, "(Tensor o, Tensor? final_state)"},
+    {"chunk_simple_gla", kSimpleGlaArgs, "(Tensor o, Tensor? final_state)"},
+};
+
+// The op, its _path and _plan twins (CPU and CUDA: the op units handle both devices), and its
+// _check twin (Meta), each an OpEntry over the op's check.
+template <auto kCheck, auto kOp, auto kPath, auto kPlan>
+void implement(torch::Library& m, const char* name) {
+  const std::string n = name;
+  m.impl(name, &dsv4::OpEntry<kCheck, kOp>::fn);
+  m.impl((n + "_path").c_str(), &dsv4::OpEntry<kCheck, kPath>::fn);
+  m.impl(("_" + n + "_plan").c_str(), &dsv4::OpEntry<kCheck, kPlan>::fn);
 }
 
-void fmha_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                std::optional<double> scale, bool causal, int64_t window_left,
-                const std::optional<at::Tensor>& sinks,
-                const std::optional<at::Tensor>& cu_seqlens_q,
-                const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q,
-                int64_t max_seqlen_k) {
-  dsv4::check_fmha_inputs(q, k, v, scale, causal, window_left, sinks, cu_seqlens_q,
-                          cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+template <auto kCheck>
+void implement_check(torch::Library& m, const char* name) {
+  m.impl(("_" + std::string(name) + "_check").c_str(), &dsv4::CheckEntry<kCheck>::fn);
 }
 
-void dsv4_attention_check(const at::Tensor& q, const at::Tensor& kv,
-                          const std::optional<at::Tensor>& sinks, int64_t window,
-                          const std::optional<at::Tensor>& compressed_kv, int64_t compress_ratio,
-                          const std::optional<at::Tensor>& topk_indices,
-                          std::optional<double> scale,
-                          const std::optional<at::Tensor>& cu_seqlens_q,
-                          const std::optional<at::Tensor>& cu_seqlens_kv,
-                          const std::optional<at::Tensor>& cu_seqlens_compressed,
-                          int64_t max_seqlen_q, int64_t max_seqlen_kv) {
-  dsv4::check_dsv4_inputs(q, kv, sinks, window, compressed_kv, compress_ratio, topk_indices,
-                          scale, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_compressed,
-                          max_seqlen_q, max_seqlen_kv);
-}
-
-void chunk_gated_delta_rule_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& g, const at::Tensor& beta,
-                                  std::optional<double> scale,
-                                  const std::optional<at::Tensor>& initial_state,
-                                  bool output_final_state,
-                                  const std::optional<at::Tensor>& cu_seqlens, bool) {
-  dsv4::check_chunk_inputs("chunk_gated_delta_rule", dsv4::ChunkRule::kGatedDelta, q, k, v, g,
-                           beta, scale, initial_state, output_final_state, cu_seqlens);
-}
-
-void chunk_simple_gla_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& g, std::optional<double> scale,
-                            const std::optional<at::Tensor>& initial_state,
-                            bool output_final_state,
-                            const std::optional<at::Tensor>& cu_seqlens) {
-  dsv4::check_chunk_inputs("chunk_simple_gla", dsv4::ChunkRule::kSimpleGla, q, k, v, g,
-                           std::nullopt, scale, initial_state, output_final_state, cu_seqlens);
+void implement_all(torch::Library& m) {
+  using namespace dsv4;
+  implement<&check_fmha_inputs, &fmha, &fmha_path, &fmha_plan>(m, "fmha");
+  implement<&check_dsv4_inputs, &dsv4_attention, &dsv4_attention_path, &dsv4_attention_plan>(
+      m, "dsv4_attention");
+  implement<&check_merge_inputs, &merge_attn_states, &merge_attn_states_path,
+            &merge_attn_states_plan>(m, "merge_attn_states");
+  implement<&check_gated_delta_rule_inputs, &chunk_op, &chunk_path, &chunk_plan>(
+      m, "chunk_gated_delta_rule");
+  implement<&check_simple_gla_inputs, &chunk_op, &chunk_path, &chunk_plan>(m, "chunk_simple_gla");
 }
 }  // namespace
 
 TORCH_LIBRARY(dsv4, m) {
-  // ---- Attention
-  // Softmax attention; dense q (B, Sq, Hq, D) or varlen q (total_q, Hq, D) with cu_seqlens.
-  // Returns out (q's shape, Dv last) and lse fp32 (B, Hq, Sq) | (Hq, total_q).
-  m.def(schema("fmha", kFmhaArgs, "(Tensor out, Tensor lse)").c_str());
-  m.def(schema("_fmha_check", kFmhaArgs, "()").c_str());
-  // Which implementation fmha would run for these arguments: "sm90" or "reference".
-  m.def(
-      "fmha_path(Tensor q, Tensor k, Tensor v, *, bool causal=False, int window_left=-1, "
-      "Tensor? sinks=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) -> str");
-  // One DeepSeek-V4 attention layer: one softmax over the sliding window of kv (one head, used
-  // as key and value) and the closed rows of compressed_kv (all: HCA; listed: CSA), plus sinks.
-  // Dense q (B, Sq, Hq, D), kv (B, Skv, D); varlen q (total_q, Hq, D), kv (total_kv, D).
-  m.def(schema("dsv4_attention", kDsv4Args, "(Tensor out, Tensor lse)").c_str());
-  m.def(schema("_dsv4_attention_check", kDsv4Args, "()").c_str());
-  // Which implementation dsv4_attention would run for these arguments.
-  m.def(schema("dsv4_attention_path", kDsv4Args, "str").c_str());
-  // Exact merge of two fmha results over disjoint key sets, through their LSE.
-  m.def(schema("merge_attn_states", kMergeArgs, "(Tensor out, Tensor lse)").c_str());
-  m.def(schema("_merge_attn_states_check", kMergeArgs, "()").c_str());
-
-  // ---- Chunked gated linear attention (64-token chunks)
-  m.def(schema("chunk_gated_delta_rule", kGatedDeltaArgs, "(Tensor o, Tensor? final_state)").c_str());
-  m.def(schema("_chunk_gated_delta_rule_check", kGatedDeltaArgs, "()").c_str());
-  m.def(schema("chunk_simple_gla", kSimpleGlaArgs, "(Tensor o, Tensor? final_state)").c_str());
-  m.def(schema("_chunk_simple_gla_check", kSimpleGlaArgs, "()").c_str());
-  // Which implementation the chunked ops would run for these arguments.
-  m.def("chunk_gla_path(Tensor q, Tensor k, Tensor v, *, Tensor? cu_seqlens=None) -> str");
+  for (const OpSchema& op : kOps) {
+    const std::string name = op.name;
+    m.def((name + op.args + " -> " + op.returns).c_str());
+    m.def(("_" + name + "_check" + op.args + " -> ()").c_str());
+    m.def((name + "_path" + op.args + " -> str").c_str());
+    m.def(("_" + name + "_plan" + op.args + " -> str").c_str());
+  }
 }
 
-// The launchers handle both devices; the same functions serve CPU and CUDA.
-#define DSV4_REGISTER_IMPLS(m)                                  \
-  m.impl("fmha", &dsv4::fmha);                                  \
-  m.impl("fmha_path", &dsv4::fmha_path);                        \
-  m.impl("dsv4_attention", &dsv4::dsv4_attention);              \
-  m.impl("dsv4_attention_path", &dsv4::dsv4_attention_path);    \
-  m.impl("merge_attn_states", &dsv4::merge_attn_states);        \
-  m.impl("chunk_gated_delta_rule", &dsv4::chunk_gated_delta_rule); \
-  m.impl("chunk_simple_gla", &dsv4::chunk_simple_gla);          \
-  m.impl("chunk_gla_path", &dsv4::chunk_gla_path)
+TORCH_LIBRARY_IMPL(dsv4, CPU, m) { implement_all(m); }
+TORCH_LIBRARY_IMPL(dsv4, CUDA, m) { implement_all(m); }
 
-TORCH_LIBRARY_IMPL(dsv4, CPU, m) { DSV4_REGISTER_IMPLS(m); }
-TORCH_LIBRARY_IMPL(dsv4, CUDA, m) { DSV4_REGISTER_IMPLS(m); }
-
-// The validation twins run on meta tensors only (see kFmhaArgs).
+// The validation twins run on meta tensors only.
 TORCH_LIBRARY_IMPL(dsv4, Meta, m) {
-  m.impl("_fmha_check", &fmha_check);
-  m.impl("_dsv4_attention_check", &dsv4_attention_check);
-  m.impl("_merge_attn_states_check", &dsv4::check_merge_inputs);
-  m.impl("_chunk_gated_delta_rule_check", &chunk_gated_delta_rule_check);
-  m.impl("_chunk_simple_gla_check", &chunk_simple_gla_check);
+  using namespace dsv4;
+  implement_check<&check_fmha_inputs>(m, "fmha");
+  implement_check<&check_dsv4_inputs>(m, "dsv4_attention");
+  implement_check<&check_merge_inputs>(m, "merge_attn_states");
+  implement_check<&check_gated_delta_rule_inputs>(m, "chunk_gated_delta_rule");
+  implement_check<&check_simple_gla_inputs>(m, "chunk_simple_gla");
 }
 
 TORCH_LIBRARY_IMPL(dsv4, Autograd, m) {
-  for (const char* op : {"fmha", "dsv4_attention", "merge_attn_states",
-                         "chunk_gated_delta_rule", "chunk_simple_gla"}) {
-    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&forward_only>());
+  for (const OpSchema& op : kOps) {
+    m.impl(op.name, torch::CppFunction::makeFromBoxedFunction<&forward_only>());
   }
 }

@@ -21,7 +21,7 @@ v = torch.randn(1, t, hv, 128, device="cuda").bfloat16()
 g = -torch.rand(1, t, hv, device="cuda")
 beta = torch.rand(1, t, hv, device="cuda")
 s0 = torch.randn(len(lens), hv, 128, 128, device="cuda")
-path = dsv4_attn.chunk_gla_path(q, k, v, cu_seqlens=cu)
+path = dsv4_attn.chunk_gated_delta_rule_path(q, k, v, g, beta, cu_seqlens=cu)
 assert path == "sm90", f"expected the sm90 path, got {path}"
 o1, f1 = dsv4_attn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
                                           output_final_state=True, cu_seqlens=cu)

@@ -179,10 +179,11 @@ def test_chunk_does_not_modify_inputs(gen, device, op):
         assert torch.equal(a, b)
 
 
-def test_chunk_gla_path_names_an_implementation(gen, device):
+def test_chunk_path_names_an_implementation(gen, device):
     q = randn(gen, 1, 7, 2, 64, device=device)
     v = randn(gen, 1, 7, 4, 32, device=device)
-    path = ops.chunk_gla_path(q, q, v)
-    assert path in ("sm90", "reference")
-    if device.type == "cpu":
-        assert path == "reference"
+    g = torch.zeros(1, 7, 4, device=device)
+    for path in (ops.chunk_gated_delta_rule_path(q, q, v, g, g), ops.chunk_simple_gla_path(q, q, v, g)):
+        assert path in ("sm90", "reference")
+        if device.type == "cpu":
+            assert path == "reference"

@@ -75,7 +75,7 @@ def check_case(gen, op, b, t, h, hv, gates, with_state, output_final_state=True,
     n = len(lens) if lens is not None else b
     q, k, v, g, beta, s0 = make_inputs(gen, b, t, h, hv, n, gates, dtype)
     cu = cu_seqlens(lens, "cuda") if lens is not None else None
-    assert dsv4_attn.chunk_gla_path(q, k, v, cu_seqlens=cu) == "sm90"
+    assert dsv4_attn.chunk_simple_gla_path(q, k, v, g, cu_seqlens=cu) == "sm90"
     kw = dict(initial_state=s0 if with_state else None, output_final_state=output_final_state,
               cu_seqlens=cu)
     poison_allocator(v.numel() * v.element_size() + n * hv * 128 * 128 * 4 + (1 << 20), "cuda")
@@ -217,20 +217,20 @@ def test_chunk_sm90_matches_reference_path(gen, op, monkeypatch):
     kw = dict(initial_state=s0, output_final_state=True)
     o, final = run_op(op, q, k, v, g, beta, **kw)
     monkeypatch.setenv("DSV4_DISABLE_SM90", "1")
-    assert dsv4_attn.chunk_gla_path(q, k, v) == "reference"
+    assert dsv4_attn.chunk_simple_gla_path(q, k, v, g) == "reference"
     o_ref, final_ref = run_op(op, q, k, v, g, beta, **kw)
     assert rel_rms(o, o_ref) <= REL_RMS_LIMIT and rel_rms(final, final_ref) <= REL_RMS_LIMIT
 
 
 @needs_sm90
 def test_chunk_uncovered_sizes_take_reference_path(gen):
-    q, k, v, *_ = make_inputs(gen, 1, 70, 1, 2, 1, d=64)
-    assert dsv4_attn.chunk_gla_path(q, k, v) == "reference"
+    q, k, v, g, *_ = make_inputs(gen, 1, 70, 1, 2, 1, d=64)
+    assert dsv4_attn.chunk_simple_gla_path(q, k, v, g) == "reference"
     # A strided q (non-unit innermost stride) is not expressible as a TMA box.
     q2 = torch.randn(1, 70, 1, 256, device="cuda", dtype=torch.bfloat16)[..., ::2]
     k2 = torch.randn(1, 70, 1, 128, device="cuda", dtype=torch.bfloat16)
     v2 = torch.randn(1, 70, 2, 128, device="cuda", dtype=torch.bfloat16)
-    assert dsv4_attn.chunk_gla_path(q2, k2, v2) == "reference"
+    assert dsv4_attn.chunk_simple_gla_path(q2, k2, v2, g) == "reference"
 
 
 def _capture(op, static, **kw):
@@ -447,7 +447,7 @@ def test_chunk_sm90_segments_strided_views(gen, monkeypatch, op):
     views = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
     assert not views[0].is_contiguous()
     monkeypatch.setenv("DSV4_CHUNK_SEGMENTS", "3")
-    assert dsv4_attn.chunk_gla_path(*views) == "sm90"
+    assert dsv4_attn.chunk_simple_gla_path(*views, g) == "sm90"
     for output_final_state in (True, False):
         kw = dict(initial_state=s0, output_final_state=output_final_state)
         poison_allocator(v.numel() * v.element_size() + 6 * hv * 128 * 128 * 4 + (1 << 20), "cuda")

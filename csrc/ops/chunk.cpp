@@ -1,5 +1,5 @@
-// Launchers for the chunked linear-attention ops: validate every input, then run the sm90
-// kernel when it covers the call and the portable reference path otherwise.
+// The chunked linear-attention ops: validate every input, then run the sm90 chunk family when
+// its route takes the call, and the portable reference path otherwise.
 #include "ops/chunk.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -9,6 +9,8 @@
 #include "ops/checks.h"
 
 namespace dsv4 {
+
+namespace {
 
 ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q,
                              const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
@@ -87,21 +89,54 @@ ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q
   return c;
 }
 
+}  // namespace
+
+ChunkCall check_gated_delta_rule_inputs(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& g,
+                                        const at::Tensor& beta, std::optional<double> scale,
+                                        const std::optional<at::Tensor>& initial_state,
+                                        bool output_final_state,
+                                        const std::optional<at::Tensor>& cu_seqlens,
+                                        bool use_qk_l2norm_in_kernel) {
+  ChunkCall c = check_chunk_inputs("chunk_gated_delta_rule", ChunkRule::kGatedDelta, q, k, v, g,
+                                   beta, scale, initial_state, output_final_state, cu_seqlens);
+  c.qk_l2norm = use_qk_l2norm_in_kernel;
+  return c;
+}
+
+ChunkCall check_simple_gla_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& g, std::optional<double> scale,
+                                  const std::optional<at::Tensor>& initial_state,
+                                  bool output_final_state,
+                                  const std::optional<at::Tensor>& cu_seqlens) {
+  return check_chunk_inputs("chunk_simple_gla", ChunkRule::kSimpleGla, q, k, v, g, std::nullopt,
+                            scale, initial_state, output_final_state, cu_seqlens);
+}
+
 namespace {
 
-std::tuple<at::Tensor, std::optional<at::Tensor>> run_chunk(const ChunkCall& call) {
+Route<ChunkPlan> route(const ChunkCall& c, bool for_plan) {
+  const Overrides overrides = read_overrides();
+  if (c.heads_v == 0) return Route<ChunkPlan>::reference("no heads");
+  return route_chunk(c, device_facts(c.q, overrides, for_plan), overrides);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, std::optional<at::Tensor>> chunk_op(const ChunkCall& call) {
   c10::DeviceGuard guard(call.q.device());
   at::Tensor o = at::empty(call.v.sizes(), call.v.options());
   at::Tensor final_state;
+  const Route<ChunkPlan> r = route(call, false);
   if (call.heads_v == 0) {  // no heads: empty outputs
     final_state = at::empty({call.num_seqs, 0, call.dim_k, call.dim_v},
                             call.q.options().dtype(at::kFloat));
-  } else if (chunk_sm90_covers(call)) {
+  } else if (r.sm90) {
     if (call.output_final_state) {
       final_state = at::empty({call.num_seqs, call.heads_v, call.dim_k, call.dim_v},
                               call.q.options().dtype(at::kFloat));
     }
-    chunk_sm90(call, o, final_state);
+    run_chunk(call, r.plan, o, final_state);
   } else {
     if (call.cu_seqlens && !call.cu_seqlens->device().is_cpu()) {
       check_cu_seqlens_values(call.rule == ChunkRule::kGatedDelta ? "chunk_gated_delta_rule"
@@ -114,44 +149,11 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> run_chunk(const ChunkCall& cal
   return {o, final_state};
 }
 
-}  // namespace
+std::string chunk_path(const ChunkCall& call) { return route(call, false).sm90 ? "sm90" : "reference"; }
 
-std::tuple<at::Tensor, std::optional<at::Tensor>> chunk_gated_delta_rule(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-    const at::Tensor& beta, std::optional<double> scale,
-    const std::optional<at::Tensor>& initial_state, bool output_final_state,
-    const std::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm_in_kernel) {
-  ChunkCall call = check_chunk_inputs("chunk_gated_delta_rule", ChunkRule::kGatedDelta, q, k, v,
-                                      g, beta, scale, initial_state, output_final_state,
-                                      cu_seqlens);
-  call.qk_l2norm = use_qk_l2norm_in_kernel;
-  return run_chunk(call);
+std::string chunk_plan(const ChunkCall& call) {
+  const Route<ChunkPlan> r = route(call, true);
+  return r.sm90 ? "sm90 " + describe(r.plan) : "reference: " + r.why_not;
 }
-
-std::tuple<at::Tensor, std::optional<at::Tensor>> chunk_simple_gla(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-    std::optional<double> scale, const std::optional<at::Tensor>& initial_state,
-    bool output_final_state, const std::optional<at::Tensor>& cu_seqlens) {
-  return run_chunk(check_chunk_inputs("chunk_simple_gla", ChunkRule::kSimpleGla, q, k, v, g,
-                                      std::nullopt, scale, initial_state, output_final_state,
-                                      cu_seqlens));
-}
-
-std::string chunk_gla_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const std::optional<at::Tensor>& cu_seqlens) {
-  const char* op = "chunk_gla_path";
-  check_dim(op, "v", v, 4, "(B, T, HV, V)");
-  at::Tensor g = at::empty({v.size(0), v.size(1), v.size(2)}, v.options().dtype(at::kFloat));
-  const ChunkCall call = check_chunk_inputs(op, ChunkRule::kSimpleGla, q, k, v, g, std::nullopt,
-                                            std::nullopt, std::nullopt, false, cu_seqlens);
-  return chunk_sm90_covers(call) ? "sm90" : "reference";
-}
-
-#ifndef DSV4_WITH_CUDA
-bool chunk_sm90_covers(const ChunkCall&) { return false; }
-void chunk_sm90(const ChunkCall&, at::Tensor&, at::Tensor&) {
-  TORCH_CHECK(false, "chunk ops: this build has no CUDA kernels");
-}
-#endif
 
 }  // namespace dsv4

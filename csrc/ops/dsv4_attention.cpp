@@ -1,12 +1,14 @@
-// dsv4_attention launcher: validate every input, then run the sm90 kernel when it covers the
-// call and the portable reference path otherwise.
+// dsv4_attention: validate every input, then run the head_dim-512 family when its route takes
+// the call, and the portable reference path otherwise.
 #include "ops/dsv4_attention.h"
 
 #include <c10/core/DeviceGuard.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/checks.h"
+#include "sm90/mqa512/api.h"
 
 namespace dsv4 {
 
@@ -169,48 +171,89 @@ Dsv4Call check_dsv4_inputs(const at::Tensor& q, const at::Tensor& kv,
   return c;
 }
 
-std::tuple<at::Tensor, at::Tensor> dsv4_attention(
-    const at::Tensor& q, const at::Tensor& kv, const std::optional<at::Tensor>& sinks,
-    int64_t window, const std::optional<at::Tensor>& compressed_kv, int64_t compress_ratio,
-    const std::optional<at::Tensor>& topk_indices, std::optional<double> scale,
-    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
-    const std::optional<at::Tensor>& cu_seqlens_compressed, int64_t max_seqlen_q,
-    int64_t max_seqlen_kv) {
-  const Dsv4Call call = check_dsv4_inputs(q, kv, sinks, window, compressed_kv, compress_ratio,
-                                          topk_indices, scale, cu_seqlens_q, cu_seqlens_kv,
-                                          cu_seqlens_compressed, max_seqlen_q, max_seqlen_kv);
-  c10::DeviceGuard guard(q.device());
-  at::Tensor out = at::empty(q.sizes(), q.options());
+namespace {
+
+// Compressed rows that exist: dense Sc > 0, varlen total_c > 0.
+bool has_compressed(const Dsv4Call& c) {
+  return c.compressed_kv.has_value() &&
+         (c.varlen ? c.compressed_kv->size(0) > 0 : c.seqlen_compressed > 0);
+}
+
+// The call as the head_dim-512 family takes it: the window W as fmha's causal mask with
+// window_left W - 1; varlen tensors as one batch; kv and compressed_kv as one KV head.
+Mqa512Problem mqa512_problem(const Dsv4Call& c) {
+  auto rows = [&](const at::Tensor& t) { return (c.varlen ? t.unsqueeze(0) : t).unsqueeze(2); };
+  Mqa512Problem p;
+  p.op = kOp;
+  p.q = c.varlen ? c.q.unsqueeze(0) : c.q;
+  p.kv = rows(c.kv);
+  p.sinks = c.sinks;
+  p.cu_seqlens_q = c.cu_seqlens_q;
+  p.cu_seqlens_k = c.cu_seqlens_kv;
+  Mqa512Shape& s = p.shape;
+  s.batch = c.batch;
+  s.varlen = c.varlen;
+  s.seqlen_q = c.varlen ? c.q.size(0) : c.seqlen_q;
+  s.seqlen_k = c.varlen ? c.kv.size(0) : c.seqlen_kv;
+  s.longest_k = c.seqlen_kv;
+  s.heads_q = c.heads;
+  s.heads_kv = 1;
+  s.scale = c.scale;
+  s.use_kv = c.window > 0;
+  s.causal = true;
+  s.window_left = std::max<int64_t>(c.window - 1, 0);
+  if (has_compressed(c)) {
+    p.compressed = rows(*c.compressed_kv);
+    p.cu_seqlens_c = c.cu_seqlens_compressed;
+    s.compress_ratio = c.compress_ratio;
+    s.seqlen_c = c.varlen ? c.compressed_kv->size(0) : c.seqlen_compressed;
+    // HCA sees at most the longest sequence's closed rows.
+    s.max_compressed_rows = c.varlen ? c.seqlen_kv / c.compress_ratio : c.seqlen_compressed;
+    if (c.topk_indices) {
+      p.topk = c.topk_indices;
+      s.topk_k = c.topk;
+    }
+  }
+  return p;
+}
+
+struct Dsv4Dispatch {
+  Mqa512Problem problem;
+  Route<Mqa512Plan> route;
+};
+
+Dsv4Dispatch dispatch(const Dsv4Call& c, bool for_plan) {
+  const Overrides overrides = read_overrides();
+  Dsv4Dispatch d{mqa512_problem(c), {}};
+  d.route = route_mqa512(d.problem, device_facts(c.q, overrides, for_plan), overrides);
+  return d;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> dsv4_attention(const Dsv4Call& call) {
+  c10::DeviceGuard guard(call.q.device());
+  at::Tensor out = at::empty(call.q.sizes(), call.q.options());
   at::Tensor lse = call.varlen
-                       ? at::empty({call.heads, q.size(0)}, q.options().dtype(at::kFloat))
+                       ? at::empty({call.heads, call.q.size(0)}, call.q.options().dtype(at::kFloat))
                        : at::empty({call.batch, call.heads, call.seqlen_q},
-                                   q.options().dtype(at::kFloat));
-  if (mqa512_sm90_covers(call)) {
-    mqa512_sm90(call, out, lse);
+                                   call.q.options().dtype(at::kFloat));
+  const Dsv4Dispatch d = dispatch(call, false);
+  if (d.route.sm90) {
+    run_mqa512(d.problem, d.route.plan, out, lse);
   } else {
     dsv4_attention_reference(call, out, lse);
   }
   return {out, lse};
 }
 
-std::string dsv4_attention_path(
-    const at::Tensor& q, const at::Tensor& kv, const std::optional<at::Tensor>& sinks,
-    int64_t window, const std::optional<at::Tensor>& compressed_kv, int64_t compress_ratio,
-    const std::optional<at::Tensor>& topk_indices, std::optional<double> scale,
-    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_kv,
-    const std::optional<at::Tensor>& cu_seqlens_compressed, int64_t max_seqlen_q,
-    int64_t max_seqlen_kv) {
-  const Dsv4Call call = check_dsv4_inputs(q, kv, sinks, window, compressed_kv, compress_ratio,
-                                          topk_indices, scale, cu_seqlens_q, cu_seqlens_kv,
-                                          cu_seqlens_compressed, max_seqlen_q, max_seqlen_kv);
-  return mqa512_sm90_covers(call) ? "sm90" : "reference";
+std::string dsv4_attention_path(const Dsv4Call& call) {
+  return dispatch(call, false).route.sm90 ? "sm90" : "reference";
 }
 
-#ifndef DSV4_WITH_CUDA
-bool mqa512_sm90_covers(const Dsv4Call&) { return false; }
-void mqa512_sm90(const Dsv4Call&, at::Tensor&, at::Tensor&) {
-  TORCH_CHECK(false, "dsv4_attention: this build has no CUDA kernels");
+std::string dsv4_attention_plan(const Dsv4Call& call) {
+  const Dsv4Dispatch d = dispatch(call, true);
+  return d.route.sm90 ? "sm90 " + describe(d.route.plan) : "reference: " + d.route.why_not;
 }
-#endif
 
 }  // namespace dsv4

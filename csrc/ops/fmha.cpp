@@ -1,5 +1,5 @@
-// fmha launcher: validate every input, then run the sm90 kernel when it covers the call and
-// the portable reference path otherwise.
+// fmha: validate every input, then run the kernel family whose route takes the call (csrc/sm90
+// fmha or mqa512), or the portable reference path.
 #include "ops/fmha.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -7,6 +7,8 @@
 #include <cmath>
 
 #include "ops/checks.h"
+#include "sm90/fmha/api.h"
+#include "sm90/mqa512/api.h"
 
 namespace dsv4 {
 
@@ -99,56 +101,117 @@ FmhaCall check_fmha_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
   return c;
 }
 
-std::tuple<at::Tensor, at::Tensor> fmha(const at::Tensor& q, const at::Tensor& k,
-                                        const at::Tensor& v, std::optional<double> scale,
-                                        bool causal, int64_t window_left,
-                                        const std::optional<at::Tensor>& sinks,
-                                        const std::optional<at::Tensor>& cu_seqlens_q,
-                                        const std::optional<at::Tensor>& cu_seqlens_k,
-                                        int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  FmhaCall call = check_fmha_inputs(q, k, v, scale, causal, window_left, sinks, cu_seqlens_q,
-                                    cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  c10::DeviceGuard guard(q.device());
-  std::vector<int64_t> out_shape = q.sizes().vec();
+namespace {
+
+// Which kernel family runs a validated call, with its launch decisions, or why none does.
+struct FmhaDispatch {
+  enum class Kernel { kReference, kFmha, kMqa512 } kernel = Kernel::kReference;
+  std::string why_not;
+  FmhaProblem fmha;
+  FmhaPlan fmha_plan;
+  Mqa512Problem mqa512;
+  Mqa512Plan mqa512_plan;
+};
+
+// q/k/v as the sm90 tensor maps describe them, (B, S, H, D): a varlen call's packed
+// (total, H, D) tensors are one batch.
+at::Tensor as_bshd(const FmhaCall& c, const at::Tensor& t) { return c.varlen ? t.unsqueeze(0) : t; }
+
+FmhaDispatch dispatch(const FmhaCall& c, bool for_plan) {
+  const Overrides overrides = read_overrides();
+  const DeviceFacts device = device_facts(c.q, overrides, for_plan);
+  FmhaDispatch d;
+  if (c.head_dim == 512 && c.head_dim_v == 512) {
+    // The head_dim-512 kernel reads one tensor as K and V: the same memory and geometry.
+    if (c.k.data_ptr() != c.v.data_ptr() || c.k.sizes() != c.v.sizes() ||
+        c.k.strides() != c.v.strides()) {
+      d.why_not = "head_dim 512 with k and v not one tensor";
+      return d;
+    }
+    Mqa512Problem& p = d.mqa512;
+    p.op = kOp;
+    p.q = as_bshd(c, c.q);
+    p.kv = as_bshd(c, c.k);
+    p.sinks = c.sinks;
+    p.cu_seqlens_q = c.cu_seqlens_q;
+    p.cu_seqlens_k = c.cu_seqlens_k;
+    Mqa512Shape& s = p.shape;
+    s.batch = c.batch;
+    s.varlen = c.varlen;
+    s.seqlen_q = c.varlen ? c.q.size(0) : c.seqlen_q;
+    s.seqlen_k = c.varlen ? c.k.size(0) : c.seqlen_k;
+    s.longest_k = c.seqlen_k;
+    s.heads_q = c.heads_q;
+    s.heads_kv = c.heads_kv;
+    s.scale = c.scale;
+    s.causal = c.causal;
+    s.window_left = c.window_left;
+    const Route<Mqa512Plan> route = route_mqa512(p, device, overrides);
+    d.kernel = route.sm90 ? FmhaDispatch::Kernel::kMqa512 : FmhaDispatch::Kernel::kReference;
+    d.why_not = route.why_not;
+    d.mqa512_plan = route.plan;
+    return d;
+  }
+  if (c.head_dim != c.head_dim_v) {
+    d.why_not = "head_dim_v differs from head_dim";
+    return d;
+  }
+  FmhaProblem& p = d.fmha;
+  p.q = as_bshd(c, c.q);
+  p.k = as_bshd(c, c.k);
+  p.v = as_bshd(c, c.v);
+  p.sinks = c.sinks;
+  p.cu_seqlens_q = c.cu_seqlens_q;
+  p.cu_seqlens_k = c.cu_seqlens_k;
+  p.varlen = c.varlen;
+  p.batch = c.batch;
+  p.seqlen_q = c.seqlen_q;
+  p.seqlen_k = c.seqlen_k;
+  p.heads_q = c.heads_q;
+  p.heads_kv = c.heads_kv;
+  p.head_dim = c.head_dim;
+  p.scale = c.scale;
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  const Route<FmhaPlan> route = route_fmha(p, device, overrides);
+  d.kernel = route.sm90 ? FmhaDispatch::Kernel::kFmha : FmhaDispatch::Kernel::kReference;
+  d.why_not = route.why_not;
+  d.fmha_plan = route.plan;
+  return d;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fmha(const FmhaCall& call) {
+  c10::DeviceGuard guard(call.q.device());
+  std::vector<int64_t> out_shape = call.q.sizes().vec();
   out_shape.back() = call.head_dim_v;
-  at::Tensor out = at::empty(out_shape, q.options());
+  at::Tensor out = at::empty(out_shape, call.q.options());
   at::Tensor lse = call.varlen
-                       ? at::empty({call.heads_q, q.size(0)}, q.options().dtype(at::kFloat))
+                       ? at::empty({call.heads_q, call.q.size(0)}, call.q.options().dtype(at::kFloat))
                        : at::empty({call.batch, call.heads_q, call.seqlen_q},
-                                   q.options().dtype(at::kFloat));
-  if (fmha_sm90_covers(call)) {
-    fmha_sm90(call, out, lse);
-  } else if (mqa512_sm90_covers(call)) {
-    mqa512_sm90(call, out, lse);
-  } else {
-    fmha_reference(call, out, lse);
+                                   call.q.options().dtype(at::kFloat));
+  const FmhaDispatch d = dispatch(call, false);
+  switch (d.kernel) {
+    case FmhaDispatch::Kernel::kFmha: run_fmha(d.fmha, d.fmha_plan, out, lse); break;
+    case FmhaDispatch::Kernel::kMqa512: run_mqa512(d.mqa512, d.mqa512_plan, out, lse); break;
+    case FmhaDispatch::Kernel::kReference: fmha_reference(call, out, lse); break;
   }
   return {out, lse};
 }
 
-std::string fmha_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                      int64_t window_left, const std::optional<at::Tensor>& sinks,
-                      const std::optional<at::Tensor>& cu_seqlens_q,
-                      const std::optional<at::Tensor>& cu_seqlens_k) {
-  const FmhaCall call = check_fmha_inputs(q, k, v, std::nullopt, causal, window_left, sinks,
-                                          cu_seqlens_q, cu_seqlens_k, -1, -1);
-  return fmha_sm90_covers(call) || mqa512_sm90_covers(call) ? "sm90" : "reference";
+std::string fmha_path(const FmhaCall& call) {
+  return dispatch(call, false).kernel == FmhaDispatch::Kernel::kReference ? "reference" : "sm90";
 }
 
-#ifndef DSV4_WITH_CUDA
-bool fmha_sm90_covers(const FmhaCall&) { return false; }
-void fmha_sm90(const FmhaCall&, at::Tensor&, at::Tensor&) {
-  TORCH_CHECK(false, "fmha: this build has no CUDA kernels");
+std::string fmha_plan(const FmhaCall& call) {
+  const FmhaDispatch d = dispatch(call, true);
+  switch (d.kernel) {
+    case FmhaDispatch::Kernel::kFmha: return "sm90 " + describe(d.fmha_plan);
+    case FmhaDispatch::Kernel::kMqa512: return "sm90 " + describe(d.mqa512_plan);
+    case FmhaDispatch::Kernel::kReference: break;
+  }
+  return "reference: " + d.why_not;
 }
-bool mqa512_sm90_covers(const FmhaCall&) { return false; }
-void mqa512_sm90(const FmhaCall&, at::Tensor&, at::Tensor&) {
-  TORCH_CHECK(false, "fmha: this build has no CUDA kernels");
-}
-bool merge_attn_states_sm90_covers(const at::Tensor&, const at::Tensor&) { return false; }
-void merge_attn_states_sm90(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, at::Tensor&, at::Tensor&) {
-  TORCH_CHECK(false, "merge_attn_states: this build has no CUDA kernels");
-}
-#endif
 
 }  // namespace dsv4

@@ -1,12 +1,13 @@
 // merge_attn_states: exact attention over the union of two disjoint key sets from each set's
-// fmha (out, lse), in both of fmha's layouts. One fused kernel on sm90 (csrc/fmha/merge_sm90.cu);
+// fmha (out, lse), in both of fmha's layouts. One fused kernel on sm90 (csrc/sm90/merge);
 // elsewhere the same arithmetic as ATen elementwise ops.
 #include <c10/core/DeviceGuard.h>
 
 #include <limits>
 
 #include "ops/checks.h"
-#include "ops/fmha.h"
+#include "ops/merge_attn_states.h"
+#include "sm90/merge/api.h"
 
 namespace dsv4 {
 namespace {
@@ -20,8 +21,8 @@ at::Tensor lse_as_out(const at::Tensor& lse, int64_t out_dim) {
 }
 }  // namespace
 
-void check_merge_inputs(const at::Tensor& out_a, const at::Tensor& lse_a,
-                        const at::Tensor& out_b, const at::Tensor& lse_b) {
+MergeCall check_merge_inputs(const at::Tensor& out_a, const at::Tensor& lse_a,
+                             const at::Tensor& out_b, const at::Tensor& lse_b) {
   check_defined(kOp, "out_a", out_a);
   check_defined(kOp, "lse_a", lse_a);
   check_defined(kOp, "out_b", out_b);
@@ -48,20 +49,27 @@ void check_merge_inputs(const at::Tensor& out_a, const at::Tensor& lse_a,
               " = ", at::IntArrayRef(want_lse), " to match out_a (got ", shape_str(lse_a), ")");
   TORCH_CHECK(lse_b.sizes() == at::IntArrayRef(want_lse), kOp, ": lse_b must have shape ", layout,
               " = ", at::IntArrayRef(want_lse), " to match out_b (got ", shape_str(lse_b), ")");
+  return {out_a, lse_a, out_b, lse_b};
 }
 
-std::tuple<at::Tensor, at::Tensor> merge_attn_states(const at::Tensor& out_a,
-                                                     const at::Tensor& lse_a,
-                                                     const at::Tensor& out_b,
-                                                     const at::Tensor& lse_b) {
-  check_merge_inputs(out_a, lse_a, out_b, lse_b);
-  c10::DeviceGuard guard(out_a.device());
-  if (merge_attn_states_sm90_covers(out_a, out_b)) {
-    at::Tensor out = at::empty(out_a.sizes(), out_a.options());
-    at::Tensor lse = at::empty(lse_a.sizes(), lse_a.options());
-    merge_attn_states_sm90(out_a, lse_a, out_b, lse_b, out, lse);
+namespace {
+
+Route<MergePlan> route(const MergeCall& c, bool for_plan) {
+  const Overrides overrides = read_overrides();
+  return route_merge(c, device_facts(c.out_a, overrides, for_plan), overrides);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> merge_attn_states(const MergeCall& c) {
+  c10::DeviceGuard guard(c.out_a.device());
+  if (const Route<MergePlan> r = route(c, false); r.sm90) {
+    at::Tensor out = at::empty(c.out_a.sizes(), c.out_a.options());
+    at::Tensor lse = at::empty(c.lse_a.sizes(), c.lse_a.options());
+    run_merge(c, r.plan, out, lse);
     return {out, lse};
   }
+  const at::Tensor &out_a = c.out_a, &lse_a = c.lse_a, &out_b = c.out_b, &lse_b = c.lse_b;
   at::Tensor lse = at::logaddexp(lse_a, lse_b);
   // Where both sides are -inf the merged lse is -inf: shift by 0 so both weights are 0, not NaN.
   at::Tensor shift = at::where(at::isinf(lse) & (lse < 0), at::zeros({}, lse.options()), lse);
@@ -69,6 +77,15 @@ std::tuple<at::Tensor, at::Tensor> merge_attn_states(const at::Tensor& out_a,
   at::Tensor wb = at::exp(lse_as_out(lse_b, out_a.dim()) - lse_as_out(shift, out_a.dim()));
   at::Tensor out = (out_a.to(at::kFloat) * wa + out_b.to(at::kFloat) * wb).to(out_a.scalar_type());
   return {out.contiguous(), lse.contiguous()};
+}
+
+std::string merge_attn_states_path(const MergeCall& c) {
+  return route(c, false).sm90 ? "sm90" : "reference";
+}
+
+std::string merge_attn_states_plan(const MergeCall& c) {
+  const Route<MergePlan> r = route(c, true);
+  return r.sm90 ? "sm90 " + describe(r.plan) : "reference: " + r.why_not;
 }
 
 }  // namespace dsv4

@@ -21,13 +21,16 @@ except ImportError as _e:
 
 from .ops import (  # noqa: E402
     chunk_gated_delta_rule,
-    chunk_gla_path,
+    chunk_gated_delta_rule_path,
     chunk_simple_gla,
+    chunk_simple_gla_path,
     dsv4_attention,
     dsv4_attention_path,
     fmha,
     fmha_path,
+    launch_plan,
     merge_attn_states,
+    merge_attn_states_path,
 )
 
 __all__ = [
@@ -37,9 +40,12 @@ __all__ = [
     "fmha",
     "fmha_path",
     "merge_attn_states",
+    "merge_attn_states_path",
     "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_path",
     "chunk_simple_gla",
-    "chunk_gla_path",
+    "chunk_simple_gla_path",
+    "launch_plan",
 ]
 __version__ = "0.1.0"
 

@@ -285,7 +285,8 @@ def case_linear(rule, sz, device, dtype) -> List[Row]:
     else:
         name = "chunk_simple_gla"
         ours = lambda: dsv4.chunk_simple_gla(q, k, v, g, **kw)  # noqa: E731
-    path = dsv4.chunk_gla_path(q, k, v)
+    path = (dsv4.chunk_gated_delta_rule_path(q, k, v, g, beta, **kw) if rule == "gdr"
+            else dsv4.chunk_simple_gla_path(q, k, v, g, **kw))
     o, final = ours()
 
     # The oracle runs on the first and last qk-head and the v-heads that read them (v-head j

@@ -67,22 +67,10 @@ def fmha(
     return (out, lse) if return_lse else out
 
 
-def fmha_path(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    window_left: int = -1,
-    sinks: Optional[Tensor] = None,
-    cu_seqlens_q: Optional[Tensor] = None,
-    cu_seqlens_k: Optional[Tensor] = None,
-) -> str:
-    """Name of the implementation that fmha would run for these arguments ('sm90' or 'reference')."""
-    return _ops.fmha_path(
-        q, k, v, causal=causal, window_left=window_left, sinks=sinks,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-    )
+def fmha_path(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> str:
+    """Name of the implementation fmha would run for these arguments, "sm90" or "reference" (it
+    validates them the same way); takes fmha's keyword arguments, return_lse aside."""
+    return _ops.fmha_path(q, k, v, **kwargs)
 
 
 def dsv4_attention(
@@ -150,6 +138,11 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
     return _ops.merge_attn_states(out_a, lse_a, out_b, lse_b)
 
 
+def merge_attn_states_path(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> str:
+    """Name of the implementation merge_attn_states would run for these arguments."""
+    return _ops.merge_attn_states_path(out_a, lse_a, out_b, lse_b)
+
+
 def chunk_gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -201,9 +194,24 @@ def chunk_simple_gla(
     )
 
 
-def chunk_gla_path(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens: Optional[Tensor] = None) -> str:
-    """Name of the implementation the chunked ops would run for these arguments."""
-    return _ops.chunk_gla_path(q, k, v, cu_seqlens=cu_seqlens)
+def chunk_gated_delta_rule_path(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                                **kwargs) -> str:
+    """Name of the implementation chunk_gated_delta_rule would run for these arguments."""
+    return _ops.chunk_gated_delta_rule_path(q, k, v, g, beta, **kwargs)
+
+
+def chunk_simple_gla_path(q: Tensor, k: Tensor, v: Tensor, g: Tensor, **kwargs) -> str:
+    """Name of the implementation chunk_simple_gla would run for these arguments."""
+    return _ops.chunk_simple_gla_path(q, k, v, g, **kwargs)
+
+
+def launch_plan(op: str, *args, **kwargs) -> str:
+    """The decisions an op would launch with for these arguments: "sm90 <family> <decisions>"
+    (the kernel family, tile shape, splits, grid, ...) or "reference: <why not sm90>". op is
+    the op's name ("fmha", "dsv4_attention", "merge_attn_states", "chunk_gated_delta_rule",
+    "chunk_simple_gla"); the arguments are the op's. With DSV4_PLAN_ASSUME_SM90=N set, it plans
+    for an sm_90 GPU of N SMs whatever the tensors' device (for tests without a GPU)."""
+    return getattr(_ops, f"_{op}_plan")(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- fake kernels

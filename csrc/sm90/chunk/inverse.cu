@@ -12,7 +12,7 @@ namespace dsv4 {
 namespace {
 
 template <typename Element, bool kGrouped>
-at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int heads_per_cta,
+at::Tensor launch(const ChunkProblem& c, const VarlenSequencePlanBuffers* plan, int heads_per_cta,
                   const ChunkSegmentPlanParams* segment_plan, bool odd_chunks_only) {
   using Tr = ChunkInverseTraits<Element, kGrouped>;
   constexpr auto kernel = chunk_sm90_inverse_kernel<Element, kGrouped>;
@@ -59,7 +59,7 @@ at::Tensor launch(const ChunkCall& c, const VarlenSequencePlanBuffers* plan, int
 
 }  // namespace
 
-at::Tensor chunk_sm90_inverse(const ChunkCall& c, const VarlenSequencePlanBuffers* plan,
+at::Tensor chunk_sm90_inverse(const ChunkProblem& c, const VarlenSequencePlanBuffers* plan,
                               const ChunkSegmentPlanParams* segment_plan, bool odd_chunks_only) {
   // Up to four v-heads of a qk-head per CTA: more would leave too few CTAs for short calls.
   const int64_t group = c.heads_v / c.heads_qk;

@@ -1,10 +1,9 @@
-// Host side of the sm90 chunked linear-attention kernel: which calls it covers, and the launch.
+// The sm90 chunk family's launch: the main kernel (after the delta rule's inverse kernel), one
+// pass or a segment split's passes and combine, as the plan (plan.cpp) decides.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <limits>
 
 #include "sm90/chunk/launch.h"
 #include "sm90/chunk/kernel.cuh"
@@ -27,7 +26,7 @@ struct Walk {
 // shape, or undefined for a state-only pass; final_state may be undefined. t_u: the delta rule's
 // inverses when a segmented call already computed them (undefined: computed here).
 template <typename Element, bool kDelta, bool kFused = false>
-void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at::Tensor t_u = {},
+void launch(const ChunkProblem& c, const at::Tensor& o, at::Tensor& final_state, at::Tensor t_u = {},
             const Walk& walk = {}) {
   using Tr = ChunkSm90Traits<Element>;
   const char* op = kDelta ? "chunk_gated_delta_rule" : "chunk_simple_gla";
@@ -86,9 +85,9 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
                 at::cuda::getCurrentCUDAStream(), follows_own_kernel, tq, tk, tv, to, p);
 }
 
-// A long sequence is cut into segments walked in parallel when the unsplit grid leaves at
-// least half of the SMs idle. Every segment's starting state comes one of two ways, chosen per head on the
-// device by the segment plan (csrc/sm90/chunk/segments.cuh):
+// A long sequence cut into segments walked in parallel (plan.cpp decides when). Every
+// segment's starting state comes one of two ways, chosen per head on the device by the segment
+// plan (csrc/sm90/chunk/segments.cuh):
 //   Warm-up: when the history before a segment provably fades to e^-10 within at most a
 //   segment's length, the last pass starts that many chunks early from S = 0. The head's
 //   state-only passes exit at once. This is FlashQLA's lever, with a checked bound.
@@ -103,67 +102,32 @@ void launch(const ChunkCall& c, const at::Tensor& o, at::Tensor& final_state, at
 //   The combine runs in float64.
 // Then a last pass walks every segment and writes o. No host sync: the plan, the passes and
 // the combine are queued whatever the plan says.
-// Dense calls only. DSV4_CHUNK_SEGMENTS=N forces N segments per sequence (1: off), and
-// DSV4_CHUNK_WARMUP=0 sends every head through the exact combine, for tests and timing.
-constexpr int64_t kMaxDeltaSegments = 16;  // the combine walks the segments one after another
-
-int64_t chunk_segments(const ChunkCall& c) {
-  constexpr int64_t kChunk = 64, kMinSegmentChunks = 16;
-  const bool delta = c.rule == ChunkRule::kGatedDelta;
-  if (c.cu_seqlens) return 1;
-  const int64_t chunks = (c.seqlen + kChunk - 1) / kChunk;
-  const int64_t most = delta ? std::min(chunks, kMaxDeltaSegments) : chunks;
-  if (const char* forced = std::getenv("DSV4_CHUNK_SEGMENTS")) {
-    return std::clamp<int64_t>(std::atoll(forced), 1, most);
-  }
-  // Taken when the unsplit grid fills at most half of the SMs. Warm-ups cost one walk of a
-  // segment plus its warm-up; the exact combine costs 2 (GLA) or 3 (delta rule) walks of a
-  // segment, so heads without decay lose only in the delta rule's two-segment case (measured
-  // 1.33x at (1, 32768, 16, 32)).
-  const int64_t ctas = c.num_seqs * c.heads_v;
-  const int64_t sms = device_info(c.q.get_device()).num_sms;
-  if (ctas * 2 > sms) return 1;
-  return std::max<int64_t>(1, std::min({sms / ctas, chunks / kMinSegmentChunks, most}));
-}
-
-// Half of the delta rule's inverses solved by the chunk kernel's prep (kFused): taken for unsplit
-// dense calls whose grid is more than one wave, where HBM sets the pace and the inverse kernel's
-// bytes count. DSV4_CHUNK_FUSED=0 or 1 forces it off or on (unsplit dense calls only), for tests
-// and timing.
-bool chunk_fused_inverse(const ChunkCall& c) {
-  if (c.cu_seqlens) return false;
-  if (const char* forced = std::getenv("DSV4_CHUNK_FUSED")) return std::atoi(forced) != 0;
-  return c.num_seqs * c.heads_v > device_info(c.q.get_device()).num_sms;
-}
-
 template <typename Element, bool kDelta>
-void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
+void launch_segmented(const ChunkProblem& c, const ChunkPlan& plan, at::Tensor& o,
                       at::Tensor& final_state) {
-  constexpr int64_t kChunk = 64, kDim = 128;
-  const int64_t b = c.batch, t = c.seqlen, hv = c.heads_v;
-  const int64_t seg_len = ((t + kChunk - 1) / kChunk + segments - 1) / segments * kChunk;
-  const int64_t n = (t + seg_len - 1) / seg_len;  // segments per sequence
-  TORCH_INTERNAL_ASSERT(n >= 2, "a segment split needs two segments or more, got ", n);
+  constexpr int64_t kDim = ChunkSm90Traits<Element>::kDim;
+  const int64_t b = c.batch, hv = c.heads_v;
+  const int64_t seg_len = plan.segment_len, n = plan.segments;  // segments per sequence
   const at::TensorOptions f32 = c.q.options().dtype(at::kFloat);
 
   at::Tensor warmup = at::empty({b * n, hv}, c.q.options().dtype(at::kInt));
   at::Tensor gate_sum = kDelta ? at::Tensor() : at::empty({b * n, hv}, f32.dtype(at::kDouble));
   const at::Tensor g = c.g.contiguous();
   const at::Tensor beta = kDelta ? c.beta->contiguous() : at::Tensor();
-  const ChunkSegmentPlanParams plan =
-      chunk_sm90_segment_plan_params(c, n, seg_len, g, beta, warmup, gate_sum);
+  const ChunkSegmentPlanParams segment_plan =
+      chunk_sm90_segment_plan_params(c, n, seg_len, plan.warmups, g, beta, warmup, gate_sum);
   const Walk walk{n, seg_len, warmup.data_ptr<int>()};
   // The delta rule's inverses, once for all passes (segments start on chunk boundaries), with
   // the plan in the same launch.
   at::Tensor t_u;
   if (kDelta) {
-    t_u = chunk_sm90_inverse(c, nullptr, &plan);
+    t_u = chunk_sm90_inverse(c, nullptr, &segment_plan);
   } else {
-    chunk_sm90_segment_plan(c, plan);
+    chunk_sm90_segment_plan(c, segment_plan);
   }
   // The state-only passes start every segment but the last from zero (the delta rule's maps
   // from I, in the same launch); the combine needs no state of the last segment.
-  ChunkCall from_zero = c;
+  ChunkProblem from_zero = c;
   from_zero.initial_state = std::nullopt;
   at::Tensor local = at::empty({b * n, hv, kDim, kDim}, f32);
   at::Tensor maps = kDelta ? at::empty({b * n, hv, kDim, kDim}, f32) : at::Tensor();
@@ -182,32 +146,21 @@ void launch_segmented(const ChunkCall& c, int64_t segments, at::Tensor& o,
 
 }  // namespace
 
-bool chunk_sm90_covers(const ChunkCall& c) {
-  if (!c.q.is_cuda() || sm90_disabled_by_env()) return false;
-  if (!device_info(c.q.get_device()).is_sm90) return false;
-  constexpr int64_t kDim = ChunkSm90Traits<__nv_bfloat16>::kDim;  // K = V the kernel is built for
-  if (c.dim_k != kDim || c.dim_v != kDim) return false;
-  if (c.seqlen < 1 || c.num_seqs < 1) return false;  // nothing for a tensor map to describe
-  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
-  if (c.num_seqs * c.heads_v > kMaxInt || c.batch * c.seqlen > kMaxInt) return false;
-  // The inverse kernel's grid: one CTA per chunk and up to four v-heads, at most T / 64 + N
-  // chunks.
-  if ((c.batch * c.seqlen / 64 + c.num_seqs) * c.heads_v > kMaxInt) return false;
-  return tma_compatible(c.q) && tma_compatible(c.k) && tma_compatible(c.v);
-}
-
-void chunk_sm90(const ChunkCall& c, at::Tensor& o, at::Tensor& final_state) {
+void run_chunk(const ChunkProblem& c, const ChunkPlan& plan, at::Tensor& o,
+               at::Tensor& final_state) {
+  static_assert(ChunkSm90Traits<__half>::kChunk == 64 && ChunkSm90Traits<__half>::kDim == 128,
+                "plan.cpp's numbers");
   const bool bf16 = c.q.scalar_type() == at::kBFloat16;
-  const bool delta = c.rule == ChunkRule::kGatedDelta;
-  if (const int64_t segments = chunk_segments(c); segments > 1) {
+  const bool delta = plan.delta;
+  if (plan.segments > 1) {
     if (delta) {
-      return bf16 ? launch_segmented<__nv_bfloat16, true>(c, segments, o, final_state)
-                  : launch_segmented<__half, true>(c, segments, o, final_state);
+      return bf16 ? launch_segmented<__nv_bfloat16, true>(c, plan, o, final_state)
+                  : launch_segmented<__half, true>(c, plan, o, final_state);
     }
-    return bf16 ? launch_segmented<__nv_bfloat16, false>(c, segments, o, final_state)
-                : launch_segmented<__half, false>(c, segments, o, final_state);
+    return bf16 ? launch_segmented<__nv_bfloat16, false>(c, plan, o, final_state)
+                : launch_segmented<__half, false>(c, plan, o, final_state);
   }
-  if (delta && chunk_fused_inverse(c)) {
+  if (delta && plan.fused_inverse) {
     return bf16 ? launch<__nv_bfloat16, true, true>(c, o, final_state)
                 : launch<__half, true, true>(c, o, final_state);
   }

@@ -2,26 +2,15 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-#include <cstdlib>
-
 #include "sm90/chunk/launch.h"
 #include "sm90/chunk/segments.cuh"
 
 namespace dsv4 {
-namespace {
 
-// DSV4_CHUNK_WARMUP=0 sends every head through the exact combine, for tests and timing.
-bool warmups_allowed() {
-  const char* env = std::getenv("DSV4_CHUNK_WARMUP");
-  return env == nullptr || std::atoi(env) != 0;
-}
-
-}  // namespace
-
-ChunkSegmentPlanParams chunk_sm90_segment_plan_params(const ChunkCall& c, int64_t segments,
-                                                      int64_t segment_len, const at::Tensor& g,
-                                                      const at::Tensor& beta, at::Tensor& warmup,
-                                                      at::Tensor& gate_sum) {
+ChunkSegmentPlanParams chunk_sm90_segment_plan_params(const ChunkProblem& c, int64_t segments,
+                                                      int64_t segment_len, bool warmups,
+                                                      const at::Tensor& g, const at::Tensor& beta,
+                                                      at::Tensor& warmup, at::Tensor& gate_sum) {
   using Tr = ChunkSegmentTraits;
   const bool delta = c.rule == ChunkRule::kGatedDelta;
   ChunkSegmentPlanParams p;
@@ -40,12 +29,12 @@ ChunkSegmentPlanParams chunk_sm90_segment_plan_params(const ChunkCall& c, int64_
   p.segment_len = static_cast<int>(segment_len);
   p.segments_per_cta = static_cast<int>(segments);
   // A warm-up longer than a segment would cost more than the exact combine's passes.
-  p.max_warmup_chunks = warmups_allowed() ? static_cast<int>(segment_len / Tr::kChunk) : 0;
+  p.max_warmup_chunks = warmups ? static_cast<int>(segment_len / Tr::kChunk) : 0;
   p.qk_l2norm = c.qk_l2norm;
   return p;
 }
 
-void chunk_sm90_segment_plan(const ChunkCall& c, const ChunkSegmentPlanParams& p) {
+void chunk_sm90_segment_plan(const ChunkProblem& c, const ChunkSegmentPlanParams& p) {
   using Tr = ChunkSegmentTraits;
   // The delta rule's plan runs in the inverse kernel's launch (chunk_sm90_inverse).
   TORCH_INTERNAL_ASSERT(c.rule == ChunkRule::kSimpleGla, "the plan kernel is simple GLA's");
@@ -55,7 +44,7 @@ void chunk_sm90_segment_plan(const ChunkCall& c, const ChunkSegmentPlanParams& p
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void chunk_sm90_segment_combine(const ChunkCall& c, int64_t segments, at::Tensor& warmup,
+void chunk_sm90_segment_combine(const ChunkProblem& c, int64_t segments, at::Tensor& warmup,
                                 const at::Tensor& gate_sum, const at::Tensor& local,
                                 const at::Tensor& maps, at::Tensor& start) {
   using Tr = ChunkSegmentTraits;

@@ -1,11 +1,11 @@
-// The sm90 fmha kernel's varlen instantiations, in a translation unit of their own so that
+// The sm90 fmha family's varlen instantiations, in a translation unit of their own so that
 // they compile in parallel with the dense ones.
 #include "sm90/fmha/launch.cuh"
 
 namespace dsv4 {
 
-void fmha_sm90_varlen(const FmhaCall& c, at::Tensor& out, at::Tensor& lse) {
-  dispatch<true>(c, out, lse);
+void run_fmha_varlen(const FmhaProblem& c, const FmhaPlan& plan, at::Tensor& out, at::Tensor& lse) {
+  dispatch<true>(c, plan, out, lse);
 }
 
 }  // namespace dsv4

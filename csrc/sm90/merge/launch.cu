@@ -1,14 +1,9 @@
-// Host side of the fused merge_attn_states kernel (csrc/sm90/merge/kernel.cuh): which calls
-// it covers, the row geometry of both layouts, and the launch.
+// The fused merge_attn_states kernel's launch (kernel.cuh): the row geometry of both layouts.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-#include <algorithm>
-#include <limits>
-
+#include "sm90/merge/api.h"
 #include "sm90/merge/kernel.cuh"
-#include "sm90/shared/host.h"
-#include "ops/fmha.h"
 
 namespace dsv4 {
 namespace {
@@ -27,56 +22,26 @@ void lse_strides(const at::Tensor& lse, long long (&s)[3]) {
   s[2] = lse.stride(1);
 }
 
-// 16-byte chunks need every row start of both inputs on a 16-byte boundary.
-bool rows_aligned(const at::Tensor& t, int64_t vec) {
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
-  for (int i = 0; i < 3; ++i) {
-    if (t.size(i) > 1 && t.stride(i) % vec != 0) return false;
-  }
-  return t.size(3) % vec == 0;
-}
-
-template <typename Element, int kVec, int kPerThread>
-void launch_kernel(const MergeStatesParams& p, int64_t threads, cudaStream_t stream,
-                   int num_sms) {
-  const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(
-      (threads + kMergeStatesThreads - 1) / kMergeStatesThreads, 1, int64_t(num_sms) * 16));
-  merge_states_kernel<Element, kVec, kPerThread><<<blocks, kMergeStatesThreads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// 16-byte chunks when both inputs allow them, four per thread when the row splits evenly.
 template <typename Element>
-void launch(const MergeStatesParams& p, bool vectors, int64_t elements, cudaStream_t stream,
-            int num_sms) {
-  constexpr int kVec = 16 / sizeof(Element), kPerThread = 4;
-  if (!vectors) return launch_kernel<Element, 1, 1>(p, elements, stream, num_sms);
-  if (p.head_dim % (kVec * kPerThread) == 0) {
-    return launch_kernel<Element, kVec, kPerThread>(p, elements / (kVec * kPerThread), stream,
-                                                    num_sms);
+void launch(const MergeStatesParams& p, const MergePlan& plan, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(Element);
+  const unsigned blocks = static_cast<unsigned>(plan.blocks);
+  if (plan.vec == 1) {
+    merge_states_kernel<Element, 1, 1><<<blocks, kMergeStatesThreads, 0, stream>>>(p);
+  } else if (plan.per_thread == 4) {
+    merge_states_kernel<Element, kVec, 4><<<blocks, kMergeStatesThreads, 0, stream>>>(p);
+  } else {
+    merge_states_kernel<Element, kVec, 1><<<blocks, kMergeStatesThreads, 0, stream>>>(p);
   }
-  launch_kernel<Element, kVec, 1>(p, elements / kVec, stream, num_sms);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-bool merge_attn_states_sm90_covers(const at::Tensor& out_a, const at::Tensor& out_b) {
-  if (!out_a.is_cuda() || sm90_disabled_by_env()) return false;
-  if (!device_info(out_a.get_device()).is_sm90) return false;
-  if (out_a.numel() == 0) return false;  // nothing to launch; the ATen path returns empties
-  // Element indices of one (row, column) are unsigned 32-bit in the kernel.
-  if (out_a.numel() > std::numeric_limits<int>::max()) return false;
-  for (const at::Tensor* t : {&out_a, &out_b}) {
-    if (t->size(-1) > 1 && t->stride(-1) != 1) return false;
-  }
-  return true;
-}
-
-void merge_attn_states_sm90(const at::Tensor& out_a, const at::Tensor& lse_a,
-                            const at::Tensor& out_b, const at::Tensor& lse_b, at::Tensor& out,
-                            at::Tensor& lse) {
-  const at::Tensor a = as_rows(out_a), b = as_rows(out_b);
-  const at::Tensor la = as_lse(lse_a), lb = as_lse(lse_b);
+void run_merge(const MergeProblem& pr, const MergePlan& plan, at::Tensor& out, at::Tensor& lse) {
+  static_assert(kMergeStatesThreads == 256, "plan.cpp's threads per block");
+  const at::Tensor a = as_rows(pr.out_a), b = as_rows(pr.out_b);
+  const at::Tensor la = as_lse(pr.lse_a), lb = as_lse(pr.lse_b);
   MergeStatesParams p;
   p.out_a = a.data_ptr();
   p.out_b = b.data_ptr();
@@ -92,14 +57,11 @@ void merge_attn_states_sm90(const at::Tensor& out_a, const at::Tensor& lse_a,
   out_strides(b, p.b_stride);
   lse_strides(la, p.la_stride);
   lse_strides(lb, p.lb_stride);
-  const int64_t vec = 16 / a.element_size();
-  const bool vectors = rows_aligned(a, vec) && rows_aligned(b, vec);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int num_sms = device_info(out_a.get_device()).num_sms;
   switch (a.scalar_type()) {
-    case at::kBFloat16: return launch<__nv_bfloat16>(p, vectors, a.numel(), stream, num_sms);
-    case at::kHalf: return launch<__half>(p, vectors, a.numel(), stream, num_sms);
-    case at::kFloat: return launch<float>(p, vectors, a.numel(), stream, num_sms);
+    case at::kBFloat16: return launch<__nv_bfloat16>(p, plan, stream);
+    case at::kHalf: return launch<__half>(p, plan, stream);
+    case at::kFloat: return launch<float>(p, plan, stream);
     default: TORCH_CHECK(false, "merge_attn_states: no kernel for ", a.scalar_type());
   }
 }

@@ -3,7 +3,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <cudaTypedefs.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <sstream>
 
@@ -39,23 +38,6 @@ const DeviceInfo& device_info(int device) {
     info[device].num_sms = prop.multiProcessorCount;
   });
   return info[device];
-}
-
-bool sm90_disabled_by_env() {
-  const char* disable = std::getenv("DSV4_DISABLE_SM90");
-  return disable != nullptr && disable[0] == '1';
-}
-
-bool tma_compatible(const at::Tensor& t) {
-  const int64_t elem = t.element_size();
-  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
-  if (t.dim() > 0 && t.size(-1) > 1 && t.stride(-1) != 1) return false;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-    if (t.size(d) == 1) continue;  // the stride of a size-1 dim is never used
-    const int64_t bytes = t.stride(d) * elem;
-    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (int64_t(1) << 40)) return false;
-  }
-  return true;
 }
 
 CUtensorMap make_tensor_map_bshd(const char* op, const at::Tensor& t, const char* name,

@@ -63,13 +63,6 @@ inline at::Tensor split_kv_workspace(int64_t splits, int64_t rows, int64_t head_
   return at::empty({splits * rows * (head_dim + 1)}, like.options().dtype(at::kFloat));
 }
 
-// DSV4_DISABLE_SM90=1 routes every op to the reference path (for tests and timing).
-bool sm90_disabled_by_env();
-
-// TMA wants a 16-byte aligned base, a unit innermost stride and 16-byte multiples for every
-// other stride it uses.
-bool tma_compatible(const at::Tensor& t);
-
 // Tensor map over a 4-D (B, S, H, D) tensor with its real strides, coordinates (d, s, h, b)
 // innermost first; box (64, box_rows, box_heads, 1) written with the 128-byte swizzle that
 // wgmma reads, as box_heads x box_rows rows of 64 elements (rows innermost). `op` and `name`

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 namespace dsv4 {
 
@@ -20,14 +19,14 @@ inline int split_kv_count(int64_t work_tiles, int64_t max_key_tiles, int num_sms
   return static_cast<int>(std::max<int64_t>(1, std::min({by_sms, by_keys, max_splits})));
 }
 
-// The plan a launcher uses: split_kv_count, or DSV4_SPLIT_KV=N (capped by the key tiles) to force
-// N splits, for tests and timing variants.
-inline int split_kv_plan(int64_t work_tiles, int64_t max_key_tiles, int num_sms) {
-  if (const char* forced = std::getenv("DSV4_SPLIT_KV")) {
-    return static_cast<int>(
-        std::clamp<int64_t>(std::atoll(forced), 1, std::max<int64_t>(max_key_tiles, 1)));
-  }
-  return split_kv_count(work_tiles, max_key_tiles, num_sms);
+// A bound on the key tiles of one work tile (the split-KV plan's input, shapes only): every key
+// tile of a sequence of seqlen_k keys, or with a window only those the window of a tile of
+// `tokens` query tokens reaches.
+inline int64_t split_kv_max_key_tiles(int64_t seqlen_k, int64_t window_left, int64_t tokens,
+                                      int64_t keys_per_tile) {
+  const int64_t all = (seqlen_k + keys_per_tile - 1) / keys_per_tile;
+  if (window_left < 0) return all;
+  return std::min(all, (window_left + tokens + keys_per_tile - 1) / keys_per_tile + 1);
 }
 
 // Each split leaves its rows normalised by its own softmax sum (no sink) and that sum's lse;

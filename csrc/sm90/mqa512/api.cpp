@@ -1,0 +1,47 @@
+// The head_dim-512 family's route: which calls its kernel takes, with the launch plan.
+#include "sm90/mqa512/api.h"
+
+#include <c10/util/Exception.h>
+
+namespace dsv4 {
+
+Route<Mqa512Plan> route_mqa512(const Mqa512Problem& pr, const DeviceFacts& device,
+                               const Overrides& overrides) {
+  using R = Route<Mqa512Plan>;
+  if (!device.sm90) return R::reference(device.why_not);
+  const Mqa512Shape& s = pr.shape;
+  if (pr.q.scalar_type() != at::kBFloat16 && pr.q.scalar_type() != at::kHalf) {
+    return R::reference("q is not bf16 or fp16");
+  }
+  if (pr.q.size(-1) != 512) return R::reference("head_dim is not 512");
+  if (const char* why = mqa512_shape_unsupported(s)) return R::reference(why);
+  // CSA gathers one token's list per work tile: the tile must hold one token.
+  if (s.topk_k > 0 && (s.heads_q / s.heads_kv) % kMqa512Rows != 0) {
+    return R::reference("top-k rows with fewer than 64 query heads per KV head");
+  }
+  if (!tma_compatible(pr.q) || !tma_compatible(pr.kv) ||
+      (pr.compressed.defined() && !tma_compatible(pr.compressed))) {
+    return R::reference("strides TMA cannot describe");
+  }
+  // The gather offsets rows by a 32-bit byte stride.
+  if (s.topk_k > 0 && pr.compressed.stride(1) * pr.compressed.element_size() >= (int64_t{1} << 32)) {
+    return R::reference("compressed_kv rows 4 GiB or more apart");
+  }
+  const Mqa512Plan plan = mqa512_plan_launch(s, device.num_sms, overrides);
+  if (plan.tiles >= kMqa512MaxWork) return R::reference("2^26 or more work tiles");
+  return R::kernel(plan);
+}
+
+std::string describe(const Mqa512Plan& plan) {
+  return "mqa512 tile=" + std::to_string(plan.tile_tokens) + "x" + std::to_string(plan.tile_heads) +
+         " splits=" + std::to_string(plan.num_splits) +
+         " grid=" + (plan.persistent ? "persistent:" : "per_tile:") + std::to_string(plan.grid);
+}
+
+#ifndef DSV4_WITH_CUDA
+void run_mqa512(const Mqa512Problem&, const Mqa512Plan&, at::Tensor&, at::Tensor&) {
+  TORCH_CHECK(false, "dsv4: this build has no CUDA kernels");
+}
+#endif
+
+}  // namespace dsv4

@@ -1,0 +1,132 @@
+// The head_dim-512 family's launch plan from shapes alone (no torch, no tensors): the query-head
+// packing, the work tiles, split-KV and the grid, and the kernel parameters they give. The
+// family's api (api.cpp) adds what needs the tensors (strides, alignment); the torch-free
+// harness (benchmarks/profile/mqa512_harness) plans through these same functions.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "sm90/mqa512/params.h"
+#include "sm90/shared/overrides.h"
+#include "sm90/shared/split_kv.h"
+#include "sm90/shared/varlen_schedule.h"
+
+namespace dsv4 {
+
+constexpr int kMqa512Rows = 64;          // packed query rows per work tile (the traits' kBlockM)
+constexpr int kMqa512KeysPerTile = 64;   // the traits' kBlockN
+constexpr int64_t kMqa512MaxWork = int64_t(1) << 26;  // Mqa512Progress: 27 bits of work index
+
+// A call as the kernel sees it. Varlen calls are one batch of packed rows: seqlen_q and
+// seqlen_k are then total_q and total_k, and batch the number of sequences.
+struct Mqa512Shape {
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 1;
+  bool varlen = false;
+  int64_t longest_k = 0;  // the longest sequence's keys (dense: seqlen_k), for the split-KV plan
+  double scale = 0.0;
+  // The rows of kv each query sees: fmha's causal / window_left visibility; use_kv = false: none.
+  bool use_kv = true, causal = false;
+  int64_t window_left = -1;
+  // The compressed rows (dsv4_attention): compress_ratio 0 for none; seqlen_c is Sc (dense) or
+  // total_c (varlen); topk_k > 0: CSA (each query's listed rows), else HCA (every closed row).
+  int64_t compress_ratio = 0, seqlen_c = 0, topk_k = 0;
+  // A bound on the compressed rows one query sees, for the split-KV plan (HCA varlen: the
+  // longest kv sequence over compress_ratio).
+  int64_t max_compressed_rows = 0;
+};
+
+struct Mqa512Plan {
+  int tile_tokens = 0, tile_heads = 0, head_blocks = 0;  // a work tile: tokens x heads of one KV head
+  int64_t num_m_blocks = 0;  // query tiles per (batch, head block); varlen: schedule slots
+  int64_t tiles = 0;         // work tiles before the split
+  int num_splits = 1;
+  bool persistent = true;    // one CTA per SM walks the work tiles; else one CTA per work tile
+  int64_t grid = 0;          // CTAs
+};
+
+// Why the kernel cannot take a call of this shape, or nullptr (the packing, the work-tile
+// index's range, int row indices).
+inline const char* mqa512_shape_unsupported(const Mqa512Shape& s) {
+  if (!(s.scale > 0.0)) return "scale <= 0 (the kernel takes the max before scaling)";
+  if (s.batch < 1 || s.seqlen_q < 1 || s.seqlen_k < 1 || s.heads_q < 1 || s.heads_kv < 1) {
+    return "an empty q or kv";
+  }
+  const int64_t group = s.heads_q / s.heads_kv;
+  if (group % kMqa512Rows != 0 && kMqa512Rows % group != 0) {
+    return "query heads per KV head neither divide 64 nor are a multiple of 64";
+  }
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  if (s.varlen && (s.seqlen_q > kMaxInt / 2 || s.seqlen_k > kMaxInt / 2 ||
+                   s.seqlen_c > kMaxInt / 2)) {
+    return "2^30 or more packed rows";
+  }
+  if (s.seqlen_k > kMaxInt - s.seqlen_q) return "2^31 or more query and key positions";
+  return nullptr;
+}
+
+// The launch decisions for a supported shape on a device of num_sms SMs.
+inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Overrides& o) {
+  Mqa512Plan plan;
+  const int64_t group = s.heads_q / s.heads_kv;
+  plan.tile_heads = static_cast<int>(std::min<int64_t>(group, kMqa512Rows));
+  plan.tile_tokens = kMqa512Rows / plan.tile_heads;
+  plan.head_blocks = static_cast<int>(group / plan.tile_heads);
+  plan.num_m_blocks = s.varlen ? varlen_tile_capacity(s.seqlen_q, s.batch, plan.tile_tokens)
+                               : (s.seqlen_q + plan.tile_tokens - 1) / plan.tile_tokens;
+  plan.tiles = plan.num_m_blocks * plan.head_blocks * s.heads_kv * (s.varlen ? 1 : s.batch);
+  // Split-KV where the work tiles are few, planned from a bound on one tile's key tiles: the
+  // window's (a token's 128-key window is two or three tiles) and the compressed rows'.
+  int64_t max_key_tiles =
+      s.use_kv ? split_kv_max_key_tiles(s.longest_k, s.window_left, kMqa512KeysPerTile,
+                                        kMqa512KeysPerTile)
+               : 0;
+  if (s.compress_ratio > 0) {
+    const int64_t rows = s.topk_k > 0 ? s.topk_k : s.max_compressed_rows;
+    max_key_tiles += (rows + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile;
+  }
+  const int splits = o.split_kv > 0
+                         ? static_cast<int>(std::clamp<int64_t>(o.split_kv, 1,
+                                                                std::max<int64_t>(max_key_tiles, 1)))
+                         : split_kv_count(plan.tiles, max_key_tiles, num_sms);
+  // A forced count stays within the work-tile bound.
+  plan.num_splits = static_cast<int>(
+      std::min<int64_t>(splits, (kMqa512MaxWork - 1) / std::max<int64_t>(plan.tiles, 1)));
+  // A persistent grid (one CTA per SM, stride over the work tiles, the costliest first) loads a
+  // tile's Q during the previous tile's last P V: causal fmha S = 4k Hq = 64 1.5-3% faster than
+  // one CTA per work tile; dsv4_attention's short window-bounded tiles gain most (sliding
+  // S = 8k Hq = 128 1.91 -> 1.72 ms).
+  plan.persistent = !o.mqa512_per_tile_grid;
+  const int64_t work = plan.tiles * plan.num_splits;
+  plan.grid = plan.persistent ? std::min<int64_t>(work, num_sms) : work;
+  return plan;
+}
+
+// The kernel parameters a plan gives, every field but the pointers (out, lse, sinks, topk,
+// compressed, the varlen schedule and the split-KV partials, which the launcher sets).
+inline Mqa512Sm90Params mqa512_params(const Mqa512Shape& s, const Mqa512Plan& plan) {
+  Mqa512Sm90Params p{};
+  p.batch = s.varlen ? 1 : static_cast<int>(s.batch);
+  p.seqlen_q = static_cast<int>(s.seqlen_q);
+  p.seqlen_k = static_cast<int>(s.seqlen_k);
+  p.heads_q = static_cast<int>(s.heads_q);
+  p.heads_kv = static_cast<int>(s.heads_kv);
+  p.group = static_cast<int>(s.heads_q / s.heads_kv);
+  p.tile_heads = plan.tile_heads;
+  p.tile_tokens = plan.tile_tokens;
+  p.head_blocks = plan.head_blocks;
+  p.num_m_blocks = static_cast<int>(plan.num_m_blocks);
+  p.num_work = static_cast<int>(plan.tiles * plan.num_splits);
+  p.scale_log2 = static_cast<float>(s.scale * 1.4426950408889634);
+  p.use_kv = s.use_kv ? 1 : 0;
+  p.causal = s.causal ? 1 : 0;
+  p.window_left = static_cast<int>(s.window_left);
+  p.compress_ratio = static_cast<int>(s.compress_ratio);
+  p.seqlen_c = static_cast<int>(s.seqlen_c);
+  p.topk_k = static_cast<int>(s.topk_k);
+  p.num_splits = plan.num_splits;
+  return p;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,198 @@
+// The sm90a head_dim-512 shared-KV kernel (DeepSeek-V4's MQA, and GQA at head_dim 512): its
+// numbers, shared storage, barriers and register split. The kernel is cut into a shell
+// (kernel.cuh) and role functions: producer.cuh (work tiles, Q, key tiles by TMA or gather),
+// consumer.cuh (the two consumer warpgroups' seesaw schedule) and epilogue.cuh; work.cuh holds
+// the work-tile vocabulary they share.
+//
+// Each CTA walks 64-row work tiles: tile_tokens tokens x tile_heads query heads of one KV head
+// (one token x 64 heads when there are 64 or more per KV head), so every key tile it loads
+// serves all 64 rows. Q's TMA box is (64 dims, tile_tokens, tile_heads), so the rows land
+// tokens innermost: row = head * tile_tokens + token.
+// Roles (128 threads per warpgroup):
+//   warpgroup 0     producers: each work tile decoded once, by thread 0, for everyone (the tile
+//                   ring; the consumers only copy it); TMA loads of Q (once per work tile,
+//                   thread 0) and of the key tiles (64 keys x 512, in two halves of 256 dims);
+//                   warps 2s and 2s + 1 fill stage s, alternate 64-column blocks each. Each tile
+//                   is read as K and V. CSA tiles have no TMA box: the warps gather their rows
+//                   with 16-byte cp.async (zero-filled where an index is not visible), reading
+//                   the token's list a stage ahead, and leave the tile's visible slots in
+//                   csa_valid for the consumer's mask.
+//   warpgroups 1-2  consumers 0 and 1. Consumer w owns O[:, 256w : 256w + 256] and computes
+//                   S = Q K^T (all 512 dims) for the key tiles of stage w: the even tiles of a
+//                   work tile for w = 0, the odd ones for w = 1. Each pair of tiles is one step
+//                   of the softmax, in order: consumer 0 folds its S into the row max and
+//                   publishes it; consumer 1 folds in its own (that is the pair's max) and
+//                   publishes it; consumer 0 then rescales its P to that max. Each consumer adds
+//                   both tiles' P V for its columns, the other's P from shared memory (consumer
+//                   1's own P from registers; consumer 0's own through shared memory too, which
+//                   keeps it under its register budget). While one consumer exponentiates, the
+//                   other's wgmmas run (FlashMLA's "seesaw" schedule for sm90 MLA decoding), and
+//                   each score is exponentiated once.
+// Shared memory: Q [8][64 rows][64] and the two stages [2][8][64 keys][64], each [64][64] block
+// one TMA box with the 128-byte swizzle that wgmma reads; the P tiles [3][64][64] in the same
+// layout; the row maxima [2][64] and row sums [2][2][64] the consumers exchange; the rows' sinks
+// [2][64], loaded with Q; the tile ring [2] and the CSA slot masks [2 stages][64 bits].
+//
+// Barrier protocol (phase bits flip once per fill; Mqa512Progress carries them across work tiles):
+//   q_full            producer arrive.expect_tx(64 KB) + TMA, and with sinks 32 more arrivals:
+//                     warp 0's cp.async of the rows' sinks into sink[fill parity]
+//                                                                   -> consumers wait
+//   tile_full[t]      producer thread 0 wrote work tile t's Mqa512TileInfo into tile_ring[t]
+//                     (t: the tile's parity in the CTA's sequence)     -> consumers wait
+//   tile_empty[t]     the 6 lanes of each consumer warp that copied tile_ring[t] (48
+//                     arrivals)                               -> producer, before writing it
+//   q_empty           each consumer thread after its last QK^T of the work tile (consumer 1
+//                     of a one-tile work tile at once)            -> producer, before next Q
+//   kv_full[s][c]     one per 64-column block c of stage s, one arrival: lane 0's
+//                     expect_tx(8 KB) with the block's TMA box, or, for a gather, lane 0's
+//                     after a __syncwarp, every lane's cp.async.mbarrier.arrive holding the
+//                     phase open until its copies land (the readers then fence the proxies)
+//                     -> readers of that block (Q K^T starts on the first block that lands)
+//   kv_empty[s][h]    half h of stage s is read by consumer s (QK^T) and consumer h (P V):
+//                     128 arrivals when s == h (after consumer s's own P V), else 256
+//                     (consumer s after its QK^T, consumer h after its P V with the other's P)
+//                     -> producer, before refilling the half. Stage s's half s is loaded
+//                     first: its consumer multiplies it first, and it is released first.
+//   handoff[h]        one-way handoffs between the consumers, 128 arrivals (every thread of
+//                     the sending consumer), waited on by the other consumer (Mqa512Handoff).
+//                     kMax0Ready, kMax1Ready and kP0Ready complete once per pair, i.e. per fill
+//                     of stage 0, kP1Ready once per fill of stage 1: they share those parities.
+//                     kRowSums (256 arrivals, both wait) is double-buffered by work-tile parity.
+//   named barrier kPOwn0Ready: consumer 0's 128 threads stored p_own0 (before its own P V)
+//   The pair order makes each reuse safe: a consumer writes row_max / p for pair i + 1 only
+//   after the other has waited for its pair-i data.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "ptx/mbarrier.cuh"
+
+namespace dsv4 {
+
+template <typename Element>
+struct Mqa512Sm90Traits {
+  static constexpr int kHeadDim = 512;
+  static constexpr int kBlockM = 64;   // packed rows per work tile
+  static constexpr int kBlockN = 64;   // keys per tile
+  static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle atoms along head_dim
+  static constexpr int kHalfBlocks = kColBlocks / 2;  // each consumer's half of head_dim
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kBlockBytes = kBlockN * 64 * sizeof(Element);  // one TMA box
+  static constexpr int kTileInfoInts = 24;  // >= sizeof(Mqa512TileInfo) / 4, a multiple of 4
+  static constexpr int kTileCopyLanes = kTileInfoInts / 4;  // lanes copying a ring slot, 16 B each
+  // setmaxnreg moves registers only within the CTA's launch allocation (168 per thread at 384
+  // threads). The producer's CSA gather needs 56 (48 spill), which leaves the consumers 224.
+  static constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * 168,
+                "register budget: the CTA's launch allocation");
+
+  struct alignas(1024) SharedStorage {
+    Element q[kColBlocks][kBlockM][64];
+    // [stage][column block][key][dim]: stage w holds the key tiles consumer w multiplies by Q
+    // (w = 0 the even tiles of a work tile, w = 1 the odd ones).
+    Element kv[2][kColBlocks][kBlockN][64];
+    Element p[2][kBlockM][kBlockN];  // [w]: consumer w's P, for the other consumer's P V
+    Element p_own0[kBlockM][kBlockN];  // consumer 0's P for its own P V (see the consumers)
+    float row_max[2][kBlockM];       // [w]: the running max after consumer w's softmax step
+    float row_scale[kBlockM];        // consumer 0's factor to the pair's max (see publish)
+    // The work tiles the producer decoded (Mqa512TileInfo), by tile parity, and each consumer
+    // warp's copy of its current one, kept here rather than in registers through the key loop.
+    alignas(16) int tile_ring[2][kTileInfoInts];
+    alignas(16) int tile_info[8][kTileInfoInts];
+    float row_sum[2][2][kBlockM];    // [work-tile parity][w]: the row sums both consumers need
+    float sink[2][kBlockM];          // [Q fill parity]: the rows' sinks, loaded with Q
+    uint32_t csa_valid[2][2];        // [stage][key rows 0-31, 32-63]: a CSA tile's visible slots
+    uint64_t q_full, q_empty;
+    uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
+    uint64_t kv_empty[2][2];          // [stage][half of head_dim]
+    uint64_t handoff[5];              // [Mqa512Handoff]
+    uint64_t tile_full[2], tile_empty[2];  // [tile parity]: the tile ring
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
+};
+
+// One-way handoffs between the two consumer warpgroups (mbarriers: s.handoff[h]).
+enum Mqa512Handoff : int {
+  kMax0Ready = 0,  // consumer 0 wrote its row max for this pair of key tiles
+  kMax1Ready = 1,  // consumer 1 wrote the pair's row max
+  kP0Ready = 2,    // consumer 0 stored its P, rescaled to the pair's max
+  kP1Ready = 3,    // consumer 1 stored its P
+  kRowSums = 4,    // both consumers stored their row sums (256 arrivals: a two-party barrier)
+  kNumHandoffs = 5,
+};
+// Named barriers (0 is __syncthreads).
+enum Mqa512Barrier : uint32_t {
+  kPOwn0Ready = 1,  // consumer 0 only (128 threads): all of it stored p_own0
+};
+
+// The arrival counts of every barrier above (thread 0, before the CTA's first __syncthreads).
+// sinks_with_q: warp 0's 32 sink copies also arrive on q_full.
+template <typename Traits, typename Storage>
+__device__ __forceinline__ void mqa512_init_barriers(Storage& s, bool sinks_with_q) {
+  ptx::mbarrier_init(ptx::smem_addr(&s.q_full), sinks_with_q ? 1 + 32 : 1);
+  ptx::mbarrier_init(ptx::smem_addr(&s.q_empty), Traits::kConsumerThreads);
+  for (int stage = 0; stage < 2; ++stage) {
+    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+      ptx::mbarrier_init(ptx::smem_addr(&s.kv_full[stage][cb]), 1);
+    }
+    for (int half = 0; half < 2; ++half) {
+      // Half h of stage w is read by consumer w (Q K^T) and by consumer h (P V).
+      ptx::mbarrier_init(ptx::smem_addr(&s.kv_empty[stage][half]), stage == half ? 128 : 256);
+    }
+  }
+  for (int h = 0; h < kNumHandoffs; ++h) {
+    ptx::mbarrier_init(ptx::smem_addr(&s.handoff[h]), h == kRowSums ? 256 : 128);
+  }
+  for (uint32_t slot = 0; slot < 2; ++slot) {
+    ptx::mbarrier_init(ptx::smem_addr(&s.tile_full[slot]), 1);
+    ptx::mbarrier_init(ptx::smem_addr(&s.tile_empty[slot]), 8 * Traits::kTileCopyLanes);
+  }
+  ptx::fence_barrier_init();
+}
+
+// Trace slots and points (csrc/sm90/shared/trace.cuh; compiled in only with -DDSV4_TRACE, by
+// benchmarks/profile/mqa512_harness). Slots: consumer w is slot w, producer warp i slot 2 + i.
+enum Mqa512TracePoint : int {
+  // producer warps: waiting for half h of stage s (2s + h), its TMA issued (4 + 2s + h)
+  kTraceKvEmptyWait = 0,
+  kTraceKvIssued = 4,
+  kTraceQIssued = 8,
+  kTraceQEmptyWait = 9,
+  // consumers: the work tile taken, Q landed
+  kTraceTileStart = 1,
+  kTraceQFull = 2,
+  // consumer 0's pair step
+  kTrace0Exp = 10,
+  kTrace0MaxPublished = 11,
+  kTrace0POwnStored = 12,
+  kTrace0KvReleased = 13,
+  kTrace0PairMax = 14,
+  kTrace0PPublished = 15,
+  kTrace0P1Ready = 16,
+  kTrace0PvOtherIssued = 17,
+  // either consumer's Q K^T of its own tile
+  kTraceQkFirstHalf = 20,
+  kTraceQkBetween = 21,
+  kTraceQkSecondHalf = 22,
+  kTraceQkDone = 23,
+  // consumer 1's pair step
+  kTrace1Start = 30,
+  kTrace1Max0Ready = 31,
+  kTrace1MaxPublished = 32,
+  kTrace1PPublished = 33,
+  kTrace1P0Ready = 35,
+  kTrace1PvOtherIssued = 36,
+  kTrace1OwnPvDone = 37,
+  kTrace1KvReleased = 38,
+  // the epilogue: row sums exchanged, rows stored
+  kTraceRowSums = 40,
+  kTraceStored = 41,
+};
+
+}  // namespace dsv4

@@ -1,0 +1,143 @@
+// The work-tile vocabulary of the head_dim-512 kernel, shared by its roles: which rows a work tile
+// holds, which key tiles it visits, and the CTA's barrier parities across work tiles.
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/mqa512/params.h"
+#include "sm90/shared/key_range.cuh"
+
+namespace dsv4 {
+
+// Work tile t -> its tokens, heads, KV head and split, and its sequence's rows and lengths.
+// Dense: the query tiles of one (batch, KV head, head block) are consecutive, so CTAs running
+// together share that KV head's keys in L2; the last query tile (the most keys under a causal
+// mask) comes first. Varlen: the schedule's order (the costliest sequences first, each one's
+// tiles together, the last first).
+struct Mqa512WorkTile {
+  int tok0, head0, kv_head, batch, split;
+  int q_start, k_start;  // the sequence's first row of q/out and of kv (0 for dense)
+  int c_start, seqlen_c;  // and its compressed rows: first row and count
+  KeyShape shape;        // its lengths; 0 for an unused schedule slot (no rows, no keys)
+};
+
+__device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Params& p, int t) {
+  const int split = t % p.num_splits;  // a work tile's splits are neighbours
+  t /= p.num_splits;
+  Mqa512WorkTile w;
+  w.split = split;
+  w.q_start = w.k_start = w.c_start = 0;
+  w.seqlen_c = p.seqlen_c;
+  w.shape = {p.seqlen_q, p.seqlen_k, p.causal, p.window_left};
+  int m_block = 0;  // varlen: the schedule slot's
+  if (p.varlen_tiles == nullptr) {
+    m_block = p.num_m_blocks - 1 - t % p.num_m_blocks;
+    t /= p.num_m_blocks;
+  }
+  const int head_block = t % p.head_blocks;
+  t /= p.head_blocks;
+  w.kv_head = t % p.heads_kv;
+  w.head0 = w.kv_head * p.group + head_block * p.tile_heads;
+  t /= p.heads_kv;
+  w.batch = t;  // varlen: the schedule slot
+  if (p.varlen_tiles != nullptr) {
+    const VarlenTile tile = p.varlen_tiles[t];
+    m_block = tile.m_block;
+    w.batch = 0;
+    w.shape.seqlen_q = w.shape.seqlen_k = w.seqlen_c = 0;
+    if (tile.batch >= 0) {
+      const VarlenSequence seq = p.varlen_sequences[tile.batch];
+      w.q_start = seq.q_start;
+      w.k_start = seq.k_start;
+      w.shape.seqlen_q = seq.seqlen_q;
+      w.shape.seqlen_k = seq.seqlen_k;
+      if (p.varlen_compressed != nullptr) {
+        const VarlenRows c = p.varlen_compressed[tile.batch];
+        w.c_start = c.start;
+        w.seqlen_c = c.len;
+      }
+    }
+  }
+  w.tok0 = m_block * p.tile_tokens;
+  return w;
+}
+
+// The key tiles a work tile visits: num_kv kv tiles from key kv_key0 on, then compressed tiles
+// [0, num_c). Producer and consumers derive the same sequence. The kv tiles start at the first
+// visible key, not at a multiple of 64: a token's 128-key window is two tiles instead of three,
+// and none of them needs a mask once the window is full.
+struct Mqa512KeySegments {
+  KeyTiles kv;  // pos_lo, pos_hi: the tile's first and last token positions
+  int kv_key0;
+  int num_kv, num_c;
+};
+
+// What the producer publishes per work tile (the tile ring): the tile, its key segments
+// rebased to its split's first key tile, and that split's key-tile count.
+struct Mqa512TileInfo {
+  Mqa512WorkTile w;
+  Mqa512KeySegments seg;
+  int n;
+};
+
+__device__ __forceinline__ int mqa512_closed_rows(const Mqa512Sm90Params& p,
+                                                  const Mqa512WorkTile& w, int pos) {
+  return min(w.seqlen_c, max(pos + 1, 0) / p.compress_ratio);
+}
+
+__device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm90Params& p,
+                                                                 const Mqa512WorkTile& w,
+                                                                 int block_n) {
+  Mqa512KeySegments k;
+  k.kv = visible_key_tiles(w.shape, w.tok0, p.tile_tokens, block_n);
+  k.kv_key0 = visible_keys(w.shape, k.kv.pos_lo).lo;
+  const int kv_keys = visible_keys(w.shape, k.kv.pos_hi).hi - k.kv_key0;
+  k.num_kv = p.use_kv && kv_keys > 0 ? (kv_keys + block_n - 1) / block_n : 0;
+  if (p.compress_ratio == 0) {
+    k.num_c = 0;
+  } else if (p.topk != nullptr) {
+    k.num_c = (p.topk_k + block_n - 1) / block_n;  // listed slots, 64 per tile
+  } else {
+    k.num_c = (mqa512_closed_rows(p, w, k.kv.pos_hi) + block_n - 1) / block_n;
+  }
+  return k;
+}
+
+// Whether the kernel folds in the sinks, which then travel with Q (a split's rows leave them to
+// the combine kernel).
+__device__ __forceinline__ bool mqa512_sinks_with_q(const Mqa512Sm90Params& p) {
+  return p.sinks != nullptr && p.num_splits == 1;
+}
+
+// CSA: the compressed row in slot `slot` of a token's list (`listed`, K entries), or -1 where
+// it is not visible (past K, negative, or not below `closed` = min(Sc, (t + 1) / r)).
+__device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, int closed,
+                                                 int slot) {
+  const int w = slot < topk_k ? listed[slot] : -1;
+  return w >= 0 && w < closed ? w : -1;
+}
+
+// A CTA's place in its loop over work tiles, in one register (the consumers are at their
+// register budget): the work tile (bits 5 and up, so fewer than 2^26 work tiles; the plan
+// checks) and the parities barriers are waited on with (only parities matter): bit s, the fills
+// of stage s so far (s = 0, 1); bit 2, the Q loads; bits 3-4, a count of the CTA's work tiles:
+// bit 3 (the tile's parity) picks its slot of the tile ring and its row-sum buffer, bit 4 is
+// that slot's fill parity.
+struct Mqa512Progress {
+  uint32_t bits;
+  __device__ __forceinline__ explicit Mqa512Progress(int work) : bits(uint32_t(work) << 5) {}
+  __device__ __forceinline__ int work() const { return int(bits >> 5); }
+  // The parity of the i-th fill of stage s from the start of the current work tile.
+  __device__ __forceinline__ uint32_t stage(int s, int i) const { return ((bits >> s) + i) & 1; }
+  __device__ __forceinline__ uint32_t q() const { return (bits >> 2) & 1; }
+  __device__ __forceinline__ uint32_t slot() const { return (bits >> 3) & 1; }
+  __device__ __forceinline__ uint32_t slot_phase() const { return (bits >> 4) & 1; }
+  __device__ __forceinline__ void next_slot() { bits = (bits & ~0x18u) | ((bits + 8u) & 0x18u); }
+  // After a work tile of n key tiles: stage 0 took (n + 1) / 2 of them, stage 1 n / 2.
+  __device__ __forceinline__ void finish_keys(int n) {
+    bits ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1) | (n > 0 ? 4u : 0u);
+  }
+  __device__ __forceinline__ void next_work(int stride) { bits += uint32_t(stride) << 5; }
+};
+
+}  // namespace dsv4
