@@ -1,4 +1,4 @@
-"""Same-call A/B of two builds of the chunk ops: the measurement behind benchmarks/NOTES.md's
+"""Same-call A/B of two builds of the chunk ops: the measurement behind docs/chunk.md's
 chunk-kernel steps. Each build runs in its own process, base and variant alternating, on
 bench_chunk's shapes and input recipe, seeded per row (the same tensors in every process). Prints
 each row's median ms per build and pass, variant / base, and whether o and final_state are

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Same-call A/B of source trees of the sm90 fmha kernel: the measurement behind
-# benchmarks/NOTES.md's fmha steps. The fmha counterpart of ab_chunk.sh.
+# docs/fmha.md's fmha steps. The fmha counterpart of ab_chunk.sh.
 #
 #   # here: each tree is a source copy (git-ignored; name .scratch in the run's carry)
 #   mkdir -p .scratch/trees/base && git archive HEAD | tar -x -C .scratch/trees/base

@@ -1,5 +1,5 @@
 """Time launch-time variants of the sm90 fmha kernel against each other and FlashAttention-3 in
-one process: the sweeps behind benchmarks/NOTES.md. A tool for choosing, not a test.
+one process: the sweeps behind docs/fmha.md. A tool for choosing, not a test.
 
     python benchmarks/ab/fmha_variants.py --env DSV4_FMHA_D128_BLOCK_N=176,128 --dims 128
     python benchmarks/ab/fmha_variants.py --env DSV4_FMHA_GRID=per_tile,persistent --causal 0

@@ -1,7 +1,7 @@
 """How accurate the delta rule's chunk inverse is with a 16-bit workspace: a CPU emulation of
 `invert_unit_lower_64` (csrc/sm90/chunk/tiles.cuh) with A and T kept in fp32 (the kernel before
 it moved to fp16), fp16 (the kernel now) or bf16, against the float64 inverse. It is
-what chose fp16, which halves the workspace (benchmarks/NOTES.md, the fused-inverse step). A
+what chose fp16, which halves the workspace (docs/chunk.md, the fused-inverse step). A
 tool for choosing, not a test. It follows the kernel's steps, not its code, so re-check it
 against the kernel before trusting it after the kernel changes.
 

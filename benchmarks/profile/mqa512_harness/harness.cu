@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <vector>
 #include <algorithm>
+#include <cmath>
 #include "sm90/shared/trace.cuh"
 #ifndef KERNEL_HEADER
 #define KERNEL_HEADER "sm90/mqa512/kernel.cuh"
 #endif
 #include KERNEL_HEADER
+#include "sm90/mqa512/plan.h"
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
 using namespace dsv4;
 __global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
@@ -40,27 +42,18 @@ static CUtensorMap tmap(void* base, long b, long s, long h, unsigned box_rows, u
   if (r != CUDA_SUCCESS) { printf("encode failed %d\n", r); exit(1); }
   return m;
 }
-// One harness row (main's arguments) and the kernel parameters for it: a hand copy of what the
-// launcher (csrc/sm90/mqa512/launch.cu) sets for fmha and dsv4_attention calls. Device
-// pointers come from main; num_work is left to main.
+// One harness row (main's arguments) as the family's plan sees it: the launcher's own plan and
+// parameters (csrc/sm90/mqa512/plan.h), for one split (the harness runs no combine kernel).
 struct Row {
   int B, S, Sk, H, causal, window_left;
   int ratio, Sc, topk_k;  // compressed rows: ratio 0 none; topk_k > 0 CSA, else HCA
 };
-static Mqa512Sm90Params make_params(const Row& r, void* out, float* lse, const float* sinks,
-                                    const void* comp, const int* topk) {
-  Mqa512Sm90Params p{};
-  p.out = out; p.lse = lse; p.sinks = sinks; p.batch = r.B; p.seqlen_q = r.S; p.seqlen_k = r.Sk;
-  p.heads_q = r.H; p.heads_kv = 1; p.group = r.H; p.tile_heads = std::min(r.H, 64);
-  p.tile_tokens = 64 / p.tile_heads; p.head_blocks = r.H / p.tile_heads;
-  p.num_m_blocks = (r.S + p.tile_tokens - 1) / p.tile_tokens; p.scale_log2 = 1.4426950408889634f / sqrtf(512.f);
-  p.use_kv = 1; p.causal = r.causal; p.window_left = r.window_left; p.num_splits = 1;
-  if (r.ratio > 0) {
-    p.compress_ratio = r.ratio; p.seqlen_c = r.Sc;
-    p.compressed = comp; p.c_batch_stride = (long long)r.Sc * 512; p.c_row_stride = 512;
-  }
-  if (r.topk_k > 0) { p.topk = topk; p.topk_k = r.topk_k; }
-  return p;
+static Mqa512Shape shape_of(const Row& r) {
+  Mqa512Shape s;
+  s.batch = r.B; s.seqlen_q = r.S; s.seqlen_k = r.Sk; s.longest_k = r.Sk; s.heads_q = r.H;
+  s.heads_kv = 1; s.scale = 1.0 / std::sqrt(512.0); s.causal = r.causal; s.window_left = r.window_left;
+  s.compress_ratio = r.ratio; s.seqlen_c = r.Sc; s.topk_k = r.topk_k; s.max_compressed_rows = r.Sc;
+  return s;
 }
 #ifdef DSV4_TRACE
 // The trace buffer of csrc/sm90/shared/trace.cuh: arm() before the launch allocates and zeroes
@@ -139,14 +132,23 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&topk, idx.size() * 4)); CK(cudaMemcpy(topk, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
   }
   const Row row{B, S, Sk, H, causal, window_left, ratio, Sc, compressed_mode > 0 ? compressed_mode : 0};
-  Mqa512Sm90Params p = make_params(row, out, lse, ds, comp, topk);
-  p.num_work = p.num_m_blocks * p.head_blocks * B;
+  const Mqa512Shape shape = shape_of(row);
+  Overrides overrides;
+  overrides.split_kv = 1;
+  overrides.mqa512_per_tile_grid = !persistent;
+  int num_sms = 0;
+  CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+  const Mqa512Plan plan = mqa512_plan_launch(shape, num_sms, overrides);
+  Mqa512Sm90Params p = mqa512_params(shape, plan);
+  p.out = out; p.lse = lse; p.sinks = ds;
+  if (ratio > 0) { p.compressed = comp; p.c_batch_stride = (long long)Sc * 512; p.c_row_stride = 512; }
+  if (row.topk_k > 0) p.topk = topk;
   CUtensorMap tq = tmap(q, B, S, H, p.tile_tokens, p.tile_heads), tkv = tmap(kv, B, Sk, 1, 64, 1);
   CUtensorMap tc = ratio > 0 ? tmap(comp, B, Sc, 1, 64, 1) : tkv;
   auto kernel = mqa512_sm90_kernel<__nv_bfloat16>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
+  const int grid = static_cast<int>(plan.grid);
 #ifdef DSV4_TRACE
-  const int grid = persistent ? std::min(p.num_work, 132) : p.num_work;
   const int cta = getenv("DSV4_TRACE_CTA") ? atoi(getenv("DSV4_TRACE_CTA")) : 0;
   if (cta < 0 || cta >= grid) { printf("DSV4_TRACE_CTA=%d: the grid has %d CTAs\n", cta, grid); return 1; }
   TraceBuffer trace_buffer;
@@ -155,7 +157,6 @@ int main(int argc, char** argv) {
   CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
   trace_buffer.print(cta, kSlotNames);
 #else
-  const int grid = persistent ? std::min(p.num_work, 132) : p.num_work;
   for (int i = 0; i < 3; ++i) kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);
   CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
   cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));

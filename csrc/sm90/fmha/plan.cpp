@@ -100,7 +100,7 @@ FmhaGrid grid_of(const FmhaProblem& c, const FmhaPlan& plan, const Overrides& o)
 
 const char* unsupported(const FmhaProblem& c) {
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
-    return "head_dim not 64, 128 or 256 (with Dv = D)";
+    return "head_dim is not 64, 128 or 256";
   }
   if (!(c.scale > 0.0)) return "scale <= 0 (the kernel takes the max before scaling)";
   if (c.batch < 1 || c.heads_q < 1) return "an empty q";

@@ -1,6 +1,6 @@
 // The DSV4_* environment overrides of the launch plans, for tests and timing. They are read in
-// one place (overrides.cpp, the only getenv under csrc/), once per op call, so a test may change
-// them between calls. A malformed value is an error naming the variable.
+// one place (overrides.cpp: nothing else under csrc/ reads the environment), once per op call,
+// so a test may change them between calls. A malformed value is an error naming the variable.
 #pragma once
 
 namespace dsv4 {
