@@ -21,8 +21,8 @@ Floor = max(FLOPs / bf16 GEMM rate, bytes / copy bandwidth), both ceilings measu
   bytes: q, k, v, o, g (and beta) read or written once, plus the initial and final states.
 Every row also reports which path ran and the rel-RMS difference between each implementation
 and dsv4's fp32 reference path, so a fast wrong kernel shows up next to its speed. Prints one
-table (last) and appends it to benchmarks/RESULTS.md unless --no-append; --status-out PATH
-writes it as RESULTS.md's bench_chunk status block (benchmarks/update_status.py puts it there).
+table (last); --status-out PATH writes it as RESULTS.md's bench_chunk status block
+(benchmarks/update_status.py puts it there).
 """
 import argparse
 import os
@@ -167,7 +167,6 @@ def warm_peer_caches(shapes, dtype_name) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="two shapes only (smoke run)")
-    p.add_argument("--no-append", action="store_true", help="do not append to RESULTS.md")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--no-peers", action="store_true", help="time dsv4 only (variant runs)")
     p.add_argument("--rows", default=None,
@@ -278,11 +277,6 @@ def main(argv=None) -> int:
     print(md)
     print()
     print(common.format_table(headers, rows))
-    if not args.no_append:
-        common.append_results(os.path.join(HERE, "RESULTS.md"),
-                              f"chunked linear attention, {common.dtype_name(dtype)}"
-                              + (" (quick)" if args.quick else "")
-                              + (f" (rows {args.rows})" if args.rows else ""), md)
     return 0
 
 

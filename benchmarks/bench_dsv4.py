@@ -8,7 +8,7 @@ scores are q . kv, the same attention as ours. Rows without FA3 say "n/a".
 Every row prints the path ours took, its time, FA3's, the ratio, and our fraction of the
 ceiling: the bf16 GEMM rate (useful FLOPs: 4 * rows * visible keys * 512) for prefill rows,
 the copy bandwidth for the bytes a decode row must read (the K/V rows once, q and out).
-    python benchmarks/bench_dsv4.py [--quick] [--markdown]   (--markdown appends to RESULTS.md)
+    python benchmarks/bench_dsv4.py [--quick] [--out DIR]
 
 --status-out PATH writes the table as RESULTS.md's bench_dsv4 status block
 (benchmarks/update_status.py puts it there).
@@ -124,7 +124,6 @@ def row_layer(kind, b, s, h, ceil, device, dtype, decode=False):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--markdown", action="store_true", help="append the table to RESULTS.md")
     ap.add_argument("--out", default=None, help="also write the markdown section to OUT/bench_dsv4.md")
     ap.add_argument("--status-out", default=None, metavar="PATH",
                     help="write the table as a status block for benchmarks/update_status.py")
@@ -162,8 +161,6 @@ def main(argv=None):
     print(common.format_table(headers, rows))
     section = header.replace("\n", "\n\n") + "\n\n" + table_md
     title = f"head_dim 512 (bench_dsv4.py), {common.device_name(device)}"
-    if args.markdown:
-        common.append_results(os.path.join(HERE, "RESULTS.md"), title, section)
     if args.out:
         with open(os.path.join(args.out, "bench_dsv4.md"), "w", encoding="utf-8") as f:
             f.write(f"## {common.today()}: {title}\n\n{section}\n")

@@ -13,9 +13,9 @@ rows (mixed-length batches, against FA3's varlen call, one cu_seqlens tensor reu
 and merge_attn_states (the fused kernel against the ATen composition, both timed per call in
 CUDA graphs of back-to-back calls over inputs that do not fit in L2, in % of copy bandwidth).
 
-Prints one table (last), writes a PNG of TFLOP/s against S and a copy of the table to --out,
-and appends the table to benchmarks/RESULTS.md unless --no-append; --status-out PATH writes the
-tables as RESULTS.md's bench_fmha status block (benchmarks/update_status.py puts it there).
+Prints one table (last) and writes a PNG of TFLOP/s against S and a copy of the table to --out;
+--status-out PATH writes the tables as RESULTS.md's bench_fmha status block
+(benchmarks/update_status.py puts it there).
 Before any shape is timed, dsv4's output is compared with SDPA's (max |diff|), so a fast wrong
 kernel shows up in the same row as its speed.
 
@@ -428,8 +428,6 @@ def main(argv=None) -> int:
                    help="S in {1k, 4k}, D = 128 only, plus one decode shape (smoke run)")
     p.add_argument("--out", default=HERE,
                    help="folder for the PNG and a copy of the table (default: benchmarks/)")
-    p.add_argument("--no-append", action="store_true",
-                   help="do not append the table to benchmarks/RESULTS.md")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"],
                    help="input dtype (default bf16)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up calls per measurement")
@@ -481,7 +479,6 @@ def main(argv=None) -> int:
     shapes = sweep(args.quick)
     if args.only_decode:
         shapes = [s for s in shapes if s.sq == 1]
-        args.no_append = True
     for i, s in enumerate(shapes, 1):
         print(f"[{i}/{len(shapes)}] B={s.b} Sq={s.sq} Sk={s.sk} H={s.hq}/{s.hkv} D={s.d} "
               f"causal={s.causal}", flush=True)
@@ -509,9 +506,6 @@ def main(argv=None) -> int:
              f"GEMM {gemm:.0f} TFLOP/s | {common.today()}")
     with open(os.path.join(args.out, stem + ".md"), "w", encoding="utf-8") as f:
         f.write(md + "\n")
-    if not args.no_append:
-        common.append_results(os.path.join(HERE, "RESULTS.md"),
-                              f"fmha forward, {dname}" + (" (quick)" if args.quick else ""), md)
 
     failed = [r for r in rows if r.failed]
     print()

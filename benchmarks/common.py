@@ -170,16 +170,6 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
     return "\n".join(lines)
 
 
-def append_results(md_path: str, title: str, table_text: str) -> None:
-    """Append a dated section ``## YYYY-MM-DD: title`` holding ``table_text`` to md_path."""
-    new = not os.path.exists(md_path)
-    with open(md_path, "a", encoding="utf-8") as f:
-        if new:
-            f.write("# Benchmark results\n\nAppended by the scripts in this folder; "
-                    "every section records its own device and ceilings.\n")
-        f.write(f"\n## {today()}: {title}\n\n{table_text.rstrip()}\n")
-
-
 def git_commit() -> str:
     """This checkout's commit: `git rev-parse --short HEAD`, with " (dirty)" when tracked files
     differ from it; where git does not work here (a copy of the tree without .git, as on the GPU

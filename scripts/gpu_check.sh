@@ -8,6 +8,11 @@
 #                        [--tests "FILES"]   (only those test files: a development run, not a check)
 #                        [--no-tests]        (no tests: the benchmarks of a tree whose suite ran in
 #                                             an earlier call on the same build)
+#                        [--ab-base DIR]     (a refactor's proof: DIR, the base's source tree, is
+#                                             built beside this one; then every kernel's SASS is
+#                                             compared (scripts/kernel_sass.py) and
+#                                             benchmarks/ab/ab_ops.py checks bitwise outputs and
+#                                             times both builds)
 # FlashAttention-3 joins bench_fmha and bench_dsv4 when .peers/fmha is carried, FlashQLA and fla
 # join bench_chunk when .peers/gla is (see ../shared/peers/fetch.sh).
 # Each bench also writes its status block for benchmarks/RESULTS.md; they are collected in
@@ -19,6 +24,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BENCH=1; FMHA_BENCH=1; CHUNK_BENCH=1; DSV4_BENCH=1; SANITIZE=1; BENCH_ARGS=(); TESTS=tests; RUN_TESTS=1
+AB_BASE=
 while [ $# -gt 0 ]; do
   arg=$1; shift
   case "$arg" in
@@ -30,6 +36,7 @@ while [ $# -gt 0 ]; do
     --no-dsv4-bench) DSV4_BENCH=0 ;;
     --no-sanitizer) SANITIZE=0 ;;
     --quick-bench) BENCH_ARGS+=(--quick) ;;
+    --ab-base) AB_BASE=$1; shift ;;
     *) echo "unknown option $arg"; exit 2 ;;
   esac
 done
@@ -60,7 +67,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 DEVICE=$(python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())' 2>&1)
 echo "$DEVICE"
 
+if [ -n "$AB_BASE" ]; then  # the base builds beside this tree, half the cores each
+  export MAX_JOBS=$(( MAX_JOBS / 2 > 1 ? MAX_JOBS / 2 : 1 ))
+  (cd "$AB_BASE" && env DSV4_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace > "$OUT/build_base.log" 2>&1) &
+  AB_BUILD_PID=$!
+fi
 step build build.log env DSV4_PTXAS_VERBOSE=1 python3 setup.py build_ext --inplace || { echo "build failed"; tail -n 60 "$OUT/build.log"; exit 1; }
+if [ -n "$AB_BASE" ]; then
+  wait "$AB_BUILD_PID" || { echo "the base build failed"; tail -n 40 "$OUT/build_base.log"; exit 1; }
+  export MAX_JOBS=$(nproc)
+fi
 # The whole suite runs as two processes at once: the build, setup and compile tests (CPU
 # subprocesses and inductor, ~2 minutes) beside the rest. Their log is appended to pytest.log.
 CPU_TESTS="tests/test_build.py tests/test_setup.py tests/test_compile.py"
@@ -95,6 +111,15 @@ if [ "$SANITIZE" = 1 ]; then
   step racecheck racecheck.log sanitize racecheck
 fi
 step main main.log python3 -m dsv4_attn
+if [ -n "$AB_BASE" ]; then
+  ab_sass() {
+    python3 scripts/kernel_sass.py dump "$AB_BASE" /tmp/sass_base &&
+      python3 scripts/kernel_sass.py dump . /tmp/sass_this &&
+      { python3 scripts/kernel_sass.py compare /tmp/sass_base /tmp/sass_this; true; }
+  }
+  step ab_sass ab_sass.log ab_sass
+  step ab_ops ab_ops.log python3 benchmarks/ab/ab_ops.py "$AB_BASE" .
+fi
 if [ "$BENCH" = 1 ]; then
   # Peers join the benchmarks only: with fla importable, transformers' Qwen3-Next routes its
   # own reference through fla's Triton kernels, which the model tests must not use.
@@ -124,9 +149,14 @@ if [ "$RUN_TESTS" = 1 ]; then
 else
   echo "tests: not run in this call"
 fi
-for name in build tests memcheck racecheck main bench_fmha bench_chunk bench_dsv4; do
+for name in build tests memcheck racecheck main ab_sass ab_ops bench_fmha bench_chunk bench_dsv4; do
   [ -n "${STATUS[$name]+x}" ] && printf '%-10s %s\n' "$name" "${STATUS[$name]}"
 done
+if [ -n "$AB_BASE" ]; then
+  echo "---- base build: ptxas $(grep -c 'spill stores' "$OUT/build_base.log") kernels"
+  echo "---- kernel_sass compare (base vs this)"; grep -v "^[0-9]* kernels from" "$OUT/ab_sass.log" | tail -n 12
+  echo "---- ab_ops (base vs this)"; grep -v "^-\{4\} bitwise" "$OUT/ab_ops.log" | grep -E "DIFFER|moves|variant/base|ab_ops:|^----"
+fi
 if [ "$BENCH" = 1 ] && [ "$FMHA_BENCH" = 1 ] && [ -f "$OUT/bench_fmha.log" ]; then
   echo "---- bench_fmha (tail)"; tail -n 40 "$OUT/bench_fmha.log"
 fi
