@@ -55,7 +55,7 @@ void plan_packing(const FmhaProblem& c, const Overrides& o, FmhaPlan& plan) {
   }
 }
 
-// The work order's sections (decode_tile in kernel.cuh), so that the K/V of the heads that
+// The work order's sections (decode_tile in work_tile.cuh), so that the K/V of the heads that
 // concurrent CTAs work on fit in L2. Dense: how many (batch, head group) units share a section;
 // only masked calls need the order across heads (their query tiles differ in cost), unmasked
 // ones keep one unit per section. Varlen: query heads per section, whole KV heads' groups
