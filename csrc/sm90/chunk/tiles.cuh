@@ -1,5 +1,6 @@
-// Device helpers shared by the sm90 chunk kernels (csrc/sm90/chunk/chunk_sm90_*.cuh): swizzled 16-bit
-// tiles, the fused l2norm of q and k rows, and the 64 x 64 unit-lower-triangular inverse.
+// Device helpers shared by the sm90 chunk kernels (kernel.cuh and its roles, inverse.cuh):
+// swizzled 16-bit tiles, the fused l2norm of q and k rows, the 64 x 64 unit-lower-triangular
+// inverse.
 #pragma once
 
 #include <cuda_bf16.h>
