@@ -35,6 +35,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def stable_seed(*parts) -> int:
+    """A seed from a case's parameters that is the same in every process (Python's hash() of a
+    str changes with PYTHONHASHSEED, and so would the case's inputs)."""
+    return zlib.crc32(repr(parts).encode()) % 2 ** 31
+
+
 @pytest.fixture
 def gen(request):
     """A CPU generator seeded from the test id: fresh inputs per case, reproducible per run."""
