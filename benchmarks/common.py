@@ -171,10 +171,13 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
 
 
 def git_commit() -> str:
-    """This checkout's commit: `git rev-parse --short HEAD`, with " (dirty)" when tracked files
-    differ from it; where git does not work here (a copy of the tree without .git, as on the GPU
-    machine), $DSV4_COMMIT when set (scripts/gpu_check.sh sets it where git works); else
-    "unknown"."""
+    """The commit of the tree being measured: $DSV4_COMMIT when set (scripts/gpu_check.sh sets it
+    where git works; pass it with the command on the GPU machine, whose copy of the tree may
+    carry a stale .git), else `git rev-parse --short HEAD` with " (dirty)" when tracked files
+    differ from it, else "unknown"."""
+    if os.environ.get("DSV4_COMMIT", "").strip():
+        return os.environ["DSV4_COMMIT"].strip()
+
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True,
                               timeout=30, check=True).stdout.strip()
@@ -186,7 +189,7 @@ def git_commit() -> str:
             return commit + (" (dirty)" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("DSV4_COMMIT", "").strip() or "unknown"
+    return "unknown"
 
 
 def status_block(name: str, body: str, *, gemm: float, copy_gbs: float, device=None,

@@ -17,8 +17,9 @@
 # join bench_chunk when .peers/gla is (see ../shared/peers/fetch.sh).
 # Each bench also writes its status block for benchmarks/RESULTS.md; they are collected in
 # $OUT/status.md, which `python3 benchmarks/update_status.py status.md` puts into RESULTS.md
-# here. The blocks name the commit: git's where it works, else $DSV4_COMMIT (a copy of the tree
-# without .git: pass DSV4_COMMIT=$(git rev-parse --short HEAD) with the command).
+# here. The blocks name $DSV4_COMMIT, else the commit git reports here: the GPU machine's copy of
+# the tree may carry a stale .git, so pass DSV4_COMMIT=$(git rev-parse --short HEAD) with the
+# command there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
