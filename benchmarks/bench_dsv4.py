@@ -12,6 +12,16 @@ the copy bandwidth for the bytes a decode row must read (the K/V rows once, q an
 
 --status-out PATH writes the table as RESULTS.md's bench_dsv4 status block
 (benchmarks/update_status.py puts it there).
+
+A second table sets dsv4_attention against FlashMLA's sm90 sparse prefill (an optional peer:
+`source .peers/mla/env.sh` sets DSV4_PEER_FLASHMLA, see ../shared/peers) on issue 44's
+DeepSeek-V4 rows, S = 8192 query tokens: CSA top-512/1024 and HCA layers, fresh prompts and 8k
+chunks at long context, sliding-only layers, and tensor-parallel head counts (FlashMLA run with
+its heads padded to 64, as vLLM does). FlashMLA is called the way vLLM calls it: one index list
+per query token into one KV buffer (the compressed rows, then the raw tokens), [listed or closed
+compressed rows | window rows], the valid entries first, padded with -1 to a multiple of 128,
+with topk_length and the sink. Its output is checked against the float64 oracle on a small
+case first. Without the peer the table prints "n/a" in its columns. --no-vs-flashmla skips it.
 """
 import argparse
 import math
@@ -34,6 +44,118 @@ except ImportError:
 
 D = 512
 SCALE = 1.0 / math.sqrt(D)
+WINDOW = 128
+
+
+def load_flashmla():
+    """FlashMLA's sm90 sparse prefill (torch.ops._flashmla_C.sparse_prefill_fwd), or None."""
+    path = os.environ.get("DSV4_PEER_FLASHMLA")
+    if not path:
+        return None
+    try:
+        torch.ops.load_library(path)
+        return torch.ops._flashmla_C.sparse_prefill_fwd
+    except (OSError, RuntimeError, AttributeError) as e:
+        print(f"bench_dsv4: FlashMLA did not load from {path}: {e}")
+        return None
+
+
+def layer_inputs(kind, sq, context, hq, topk, device, dtype):
+    """A DeepSeek-V4 layer's inputs for the last sq of `context` tokens (one sequence): q, kv,
+    dsv4_attention's keyword arguments, each query's position and its closed compressed rows."""
+    ratio = {"sliding": 0, "CSA": 4, "HCA": 128}[kind]
+    q = common.randn((1, sq, hq, D), dtype, device)
+    kv = common.randn((1, context, D), dtype, device)
+    kw = dict(sinks=torch.randn(hq, device=device), window=WINDOW)
+    t = torch.arange(context - sq, context, device=device)
+    closed = torch.zeros_like(t)
+    if ratio:
+        sc = context // ratio
+        kw.update(compressed_kv=common.randn((1, sc, D), dtype, device), compress_ratio=ratio)
+        closed = torch.clamp(torch.div(t + 1, ratio, rounding_mode="floor"), max=sc)
+        if kind == "CSA":  # topk distinct closed rows per query (fewer: -1 after them)
+            idx = torch.empty(sq, topk, dtype=torch.int32, device=device)
+            for i in range(0, sq, 1024):
+                score = torch.rand(min(1024, sq - i), sc, device=device)
+                score.masked_fill_(torch.arange(sc, device=device) >= closed[i:i + 1024, None],
+                                   -math.inf)
+                val, top = score.topk(min(topk, sc), dim=1)
+                top = torch.where(val > -math.inf, top, -1).int()
+                idx[i:i + 1024] = torch.nn.functional.pad(top, (0, topk - top.shape[1]), value=-1)
+            kw["topk_indices"] = idx[None]
+    return q, kv, kw, t, closed
+
+
+def flashmla_inputs(kind, q, kv, kw, t, closed, heads):
+    """FlashMLA's sparse prefill arguments for the same layer, q's heads zero-padded to `heads`:
+    (q, kv_all, indices, sinks, topk_length) with kv_all the compressed rows then the raw ones."""
+    comp = kw.get("compressed_kv")
+    sc = comp.shape[1] if comp is not None else 0
+    kv_all = (torch.cat([comp[0], kv[0]]) if comp is not None else kv[0]).unsqueeze(1)
+    win = t[:, None] - torch.arange(WINDOW - 1, -1, -1, device=t.device)[None]
+    parts = [torch.where(win >= 0, win + sc, -1)]
+    if kind == "CSA":
+        parts.insert(0, kw["topk_indices"][0].long())
+    elif kind == "HCA":
+        rows = torch.arange(sc, device=t.device)[None].expand(t.shape[0], sc)
+        parts.insert(0, torch.where(rows < closed[:, None], rows, -1))
+    idx = torch.cat(parts, dim=1)
+    valid = idx >= 0
+    order = torch.sort((~valid).int(), dim=1, stable=True).indices  # valid entries first
+    idx = torch.gather(idx, 1, order)
+    width = (idx.shape[1] + 127) // 128 * 128
+    idx = torch.nn.functional.pad(idx, (0, width - idx.shape[1]), value=-1).int()
+    hq = q.shape[2]
+    qf = q[0] if heads == hq else torch.nn.functional.pad(q[0], (0, 0, 0, heads - hq))
+    sinks = kw["sinks"] if heads == hq else torch.nn.functional.pad(kw["sinks"], (0, heads - hq))
+    return qf, kv_all, idx[:, None].contiguous(), sinks, valid.sum(1).int()
+
+
+def check_flashmla(flashmla, device, dtype):
+    """Both kernels against the float64 oracle on a small CSA case: max |error|."""
+    from dsv4_attn import reference
+    q, kv, kw, t, closed = layer_inputs("CSA", 96, 640, 64, 128, device, dtype)
+    ref, _ = reference.dsv4_attention(q, kv, **kw)
+    ours = dsv4_attn.dsv4_attention(q, kv, **kw)
+    qf, kv_all, idx, sinks, length = flashmla_inputs("CSA", q, kv, kw, t, closed, 64)
+    peer = flashmla(qf, kv_all, idx, SCALE, D, sinks, length, None)[0]
+    err = lambda x: (x.double().cpu() - ref[0]).abs().max().item()  # noqa: E731
+    return err(ours[0]), err(peer)
+
+
+def row_vs_flashmla(flashmla, kind, topk, context, hq, ceil, device, dtype, sq=8192):
+    """One issue-44 row: dsv4_attention and FlashMLA (heads padded to 64) on the same layer."""
+    q, kv, kw, t, closed = layer_inputs(kind, sq, context, hq, topk, device, dtype)
+    path = dsv4_attn.dsv4_attention_path(q, kv, **kw)
+    ours = common.bench_ms(lambda: dsv4_attn.dsv4_attention(q, kv, **kw), warmup=2, rep=10,
+                           budget_ms=None)
+    heads = max(hq, 64)
+    peer = None
+    if flashmla is not None:
+        args = flashmla_inputs(kind, q, kv, kw, t, closed, heads)
+        peer = common.bench_ms(lambda: flashmla(args[0], args[1], args[2], SCALE, D, args[3],
+                                                args[4], None), warmup=2, rep=10, budget_ms=None)
+    pairs = float(torch.clamp(t + 1, max=WINDOW).sum())
+    if kind == "CSA":
+        pairs += float((kw["topk_indices"][0] >= 0).sum())
+    elif kind == "HCA":
+        pairs += float(closed.sum())
+    useful = 2.0 * hq * pairs * 2 * D  # QK^T and PV
+    what = {"CSA": f"CSA top-{topk}", "HCA": "HCA", "sliding": "sliding only"}[kind]
+    where = "fresh prompt" if context == sq else f"8k chunk at {context // 1024}k context"
+    return [f"{what}, {where}", str(hq), path, f"{ours:.3f}",
+            f"{peer:.3f}" + (f" (padded to {heads})" if heads != hq else "") if peer else "n/a",
+            f"{peer / ours:.2f}x" if peer else "n/a",
+            f"{useful / ours / 1e9 / ceil['gemm'] * 100:.0f}%",
+            f"{useful / peer / 1e9 / ceil['gemm'] * 100:.0f}%" if peer else "n/a"]
+
+
+VS_FLASHMLA = [  # (kind, topk, context, Hq): issue 44's rows, S = 8192
+    *[(k, tk, ctx, h) for h in (64, 128) for k, tk, ctx in (
+        ("CSA", 512, 8192), ("CSA", 1024, 8192), ("CSA", 512, 65536), ("HCA", 0, 65536),
+        ("HCA", 0, 262144), ("sliding", 0, 8192))],
+    *[(k, tk, 65536, h) for h in (8, 16, 32) for k, tk in (("CSA", 512), ("HCA", 0))],
+]
 
 
 def causal_pairs(sq, sk):
@@ -125,6 +247,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None, help="also write the markdown section to OUT/bench_dsv4.md")
+    ap.add_argument("--no-vs-flashmla", action="store_true",
+                    help="skip the table against FlashMLA's sparse prefill")
     ap.add_argument("--status-out", default=None, metavar="PATH",
                     help="write the table as a status block for benchmarks/update_status.py")
     args = ap.parse_args(argv)
@@ -154,11 +278,30 @@ def main(argv=None):
     headers = ["row", "path", "ours ms", "FA3 ms", "ours", "FA3", "speedup vs FA3",
                "ours / ceiling"]
     table_md = common.format_table(headers, rows, markdown=True)
+    if not args.no_vs_flashmla:
+        flashmla = load_flashmla()
+        mla_note = "FlashMLA sparse prefill: " + ("vLLM 0.26's sm90 build" if flashmla else
+                                                   "not loaded (DSV4_PEER_FLASHMLA)")
+        if flashmla is not None:
+            ours_err, peer_err = check_flashmla(flashmla, device, dtype)
+            mla_note += (f"; check on a small CSA case, max |error| vs the float64 oracle: ours "
+                         f"{ours_err:.1e}, FlashMLA {peer_err:.1e}")
+        specs = VS_FLASHMLA[:1] if args.quick else VS_FLASHMLA
+        mla_rows = [row_vs_flashmla(flashmla, k, tk, ctx, h, ceil, device, dtype)
+                    for k, tk, ctx, h in specs]
+        mla_headers = ["layer, S = 8192", "Hq", "path", "dsv4 ms", "FlashMLA ms",
+                       "speed vs FlashMLA", "dsv4 of GEMM", "FlashMLA of GEMM"]
+        table_md += ("\n\n" + mla_note + "\n\n" +
+                     common.format_table(mla_headers, mla_rows, markdown=True))
     common.write_status(args.status_out, common.status_block(
         "bench_dsv4", f"{peers}\n\n{table_md}", gemm=ceil["gemm"], copy_gbs=ceil["copy"],
         device=device, dtype=dtype, note="quick" if args.quick else ""))
     print(header)
     print(common.format_table(headers, rows))
+    if not args.no_vs_flashmla:
+        print()
+        print(mla_note)
+        print(common.format_table(mla_headers, mla_rows))
     section = header.replace("\n", "\n\n") + "\n\n" + table_md
     title = f"head_dim 512 (bench_dsv4.py), {common.device_name(device)}"
     if args.out:
