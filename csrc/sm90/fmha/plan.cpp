@@ -146,10 +146,7 @@ Route<FmhaPlan> route_fmha(const FmhaProblem& c, const DeviceFacts& device,
     // Split-KV when the work tiles cannot fill the SMs (decode, short queries).
     const int64_t key_tiles =
         split_kv_max_key_tiles(c.seqlen_k, c.window_left, plan.block_m, plan.block_n);
-    plan.num_splits = o.split_kv > 0
-                          ? static_cast<int>(std::clamp<int64_t>(o.split_kv, 1,
-                                                                 std::max<int64_t>(key_tiles, 1)))
-                          : split_kv_count(plan.work_tiles, key_tiles, device.num_sms);
+    plan.num_splits = split_kv_splits(plan.work_tiles, key_tiles, device.num_sms, o.split_kv);
   }
   plan.grid = grid_of(c, plan, o);
   const int64_t work = plan.work_tiles * plan.num_splits;

@@ -86,10 +86,7 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
     const int64_t rows = s.topk_k > 0 ? s.topk_k : s.max_compressed_rows;
     max_key_tiles += (rows + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile;
   }
-  const int splits = o.split_kv > 0
-                         ? static_cast<int>(std::clamp<int64_t>(o.split_kv, 1,
-                                                                std::max<int64_t>(max_key_tiles, 1)))
-                         : split_kv_count(plan.tiles, max_key_tiles, num_sms);
+  const int splits = split_kv_splits(plan.tiles, max_key_tiles, num_sms, o.split_kv);
   // A forced count stays within the work-tile bound.
   plan.num_splits = static_cast<int>(
       std::min<int64_t>(splits, (kMqa512MaxWork - 1) / std::max<int64_t>(plan.tiles, 1)));

@@ -19,6 +19,15 @@ inline int split_kv_count(int64_t work_tiles, int64_t max_key_tiles, int num_sms
   return static_cast<int>(std::max<int64_t>(1, std::min({by_sms, by_keys, max_splits})));
 }
 
+// The splits a plan takes: split_kv_count, or `forced` (DSV4_SPLIT_KV, when > 0) capped by the
+// key tiles.
+inline int split_kv_splits(int64_t work_tiles, int64_t max_key_tiles, int num_sms, int forced) {
+  if (forced > 0) {
+    return static_cast<int>(std::clamp<int64_t>(forced, 1, std::max<int64_t>(max_key_tiles, 1)));
+  }
+  return split_kv_count(work_tiles, max_key_tiles, num_sms);
+}
+
 // A bound on the key tiles of one work tile (the split-KV plan's input, shapes only): every key
 // tile of a sequence of seqlen_k keys, or with a window only those the window of a tile of
 // `tokens` query tokens reaches.
