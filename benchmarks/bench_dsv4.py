@@ -249,6 +249,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="also write the markdown section to OUT/bench_dsv4.md")
     ap.add_argument("--no-vs-flashmla", action="store_true",
                     help="skip the table against FlashMLA's sparse prefill")
+    ap.add_argument("--only-vs-flashmla", action="store_true",
+                    help="only the table against FlashMLA (no status block)")
     ap.add_argument("--status-out", default=None, metavar="PATH",
                     help="write the table as a status block for benchmarks/update_status.py")
     args = ap.parse_args(argv)
@@ -267,18 +269,20 @@ def main(argv=None):
     ]
     if args.quick:
         shapes = [(1, 4096, 4096, 64, True), (64, 1, 4096, 128, True)]
+    if args.only_vs_flashmla:
+        shapes, args.status_out = [], None
     rows = [row_fmha(b, sq, sk, h, causal, ceil, device, dtype) for b, sq, sk, h, causal in shapes]
     layers = [("sliding", 1, 8192, 128, False), ("CSA", 1, 8192, 64, False),
               ("HCA", 1, 8192, 128, False), ("CSA", 64, 4096, 128, True),
               ("sliding", 64, 4096, 128, True), ("HCA", 64, 4096, 128, True)]
-    if args.quick:
-        layers = layers[:1]
+    if args.quick or args.only_vs_flashmla:
+        layers = layers[:1] if args.quick else []
     rows += [row_layer(kind, b, s, h, ceil, device, dtype, decode)
              for kind, b, s, h, decode in layers]
     headers = ["row", "path", "ours ms", "FA3 ms", "ours", "FA3", "speedup vs FA3",
                "ours / ceiling"]
     table_md = common.format_table(headers, rows, markdown=True)
-    if not args.no_vs_flashmla:
+    if args.only_vs_flashmla or not args.no_vs_flashmla:
         flashmla = load_flashmla()
         mla_note = "FlashMLA sparse prefill: " + ("vLLM 0.26's sm90 build" if flashmla else
                                                    "not loaded (DSV4_PEER_FLASHMLA)")
@@ -298,7 +302,7 @@ def main(argv=None):
         device=device, dtype=dtype, note="quick" if args.quick else ""))
     print(header)
     print(common.format_table(headers, rows))
-    if not args.no_vs_flashmla:
+    if args.only_vs_flashmla or not args.no_vs_flashmla:
         print()
         print(mla_note)
         print(common.format_table(mla_headers, mla_rows))

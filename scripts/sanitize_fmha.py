@@ -53,6 +53,19 @@ torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: dsv4_attention CSA sm90 path ran, outputs finite")
 
+# CSA at 8 heads (8 tokens per work tile, each token's list in turn), a third of the lists
+# padded with -1 as an indexer pads them.
+q8 = torch.randn(1, 300, 8, 512, device="cuda", dtype=torch.bfloat16)
+topk = torch.randint(0, 110, (1, 300, 96), device="cuda", dtype=torch.int32)
+topk[:, ::3, 40:] = -1
+kw["sinks"] = torch.randn(8, device="cuda")
+kw["topk_indices"] = topk
+assert dsv4_attn.dsv4_attention_path(q8, kv, **kw) == "sm90"
+out, lse = dsv4_attn.dsv4_attention(q8, kv, return_lse=True, **kw)
+torch.cuda.synchronize()
+assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+print("sanitize_fmha: dsv4_attention CSA at 8 heads sm90 path ran, outputs finite")
+
 # Split-KV decode: 2 work tiles over 132 SMs, so each key range is cut and combined.
 q = torch.randn(1, 1, 128, 512, device="cuda", dtype=torch.bfloat16)
 kv = torch.randn(1, 1500, 1, 512, device="cuda", dtype=torch.bfloat16)

@@ -83,8 +83,20 @@ def low_precision_csa(q, kv, comp, topk, sinks, window, ratio, scale):
     return out.to(q.dtype), lse.transpose(1, 2)
 
 
+def padded_topk(b, sq, skv, sc, ratio, k, gen):
+    """Lists as an indexer gives them: up to K distinct closed rows, then -1 (a fresh prompt's
+    early tokens list fewer rows, the first ones none)."""
+    t = torch.arange(sq, device="cuda") + (skv - sq)
+    closed = torch.clamp(torch.div(t + 1, ratio, rounding_mode="floor"), max=sc)
+    score = torch.rand(b, sq, sc, generator=gen, device="cuda")
+    score = score.masked_fill(torch.arange(sc, device="cuda") >= closed[None, :, None], -1.0)
+    val, top = score.topk(min(k, sc), dim=-1)
+    top = torch.where(val >= 0, top, -1)
+    return F.pad(top, (0, k - top.shape[-1]), value=-1).int()
+
+
 def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, seed=0,
-          q_view=False, topk_k=0):
+          q_view=False, topk_k=0, padded_lists=False):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen, device="cuda").to(dtype)  # noqa: E731
     q = rand(b, h, sq, D).transpose(1, 2) if q_view else rand(b, sq, h, D)
@@ -94,7 +106,9 @@ def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, se
     kw = dict(window=window, sinks=sinks)
     if ratio:
         kw.update(compressed_kv=comp, compress_ratio=ratio)
-    if topk_k:
+    if topk_k and padded_lists:
+        kw["topk_indices"] = padded_topk(b, sq, skv, sc, ratio, topk_k, gen)
+    elif topk_k:
         # -1 padding, rows >= Sc, rows not yet closed, and a repeated index per query.
         topk = torch.randint(-1, sc + 3, (b, sq, topk_k), generator=gen, device="cuda")
         if topk_k >= 2:
@@ -154,6 +168,13 @@ CSA_CASES = [
     (1, 65, 300, 64, 128, 75, 16),       # chunked prefill
     (1, 200, 200, 128, 0, 50, 1),        # no window keys, K = 1
     (2, 130, 130, 64, 1, 32, 40),        # K not a multiple of 64
+    # Tensor-parallel head counts: a work tile of 64 / Hq tokens walks each token's list.
+    (1, 70, 700, 8, 128, 175, 512),      # 8 tokens x 8 heads, the last tile 6 tokens
+    (2, 33, 300, 16, 128, 75, 100),
+    (1, 40, 500, 32, 127, 125, 64),
+    (1, 37, 900, 2, 128, 225, 130),      # 32 tokens x 2 heads
+    (2, 1, 2100, 16, 128, 525, 512),     # decode (split-KV), one token in a 4-token tile
+    (1, 3, 4200, 8, 128, 1050, 1024),    # multi-token prediction
 ]
 
 
@@ -162,13 +183,24 @@ def test_dsv4_sm90_csa_matches_oracle(b, sq, skv, h, window, sc, k):
     check(b, sq, skv, h, window, 4, sc, True, topk_k=k, seed=stable_seed(b, sq, skv, h, k))
 
 
+# (B, Sq, Skv, Hq, K): lists padded with -1 as an indexer gives them, on a fresh prompt (the
+# early tokens list fewer rows, the first none: whole tiles of a list, and whole work tiles of
+# 64 / Hq tokens, see nothing).
+@pytest.mark.parametrize("b,sq,skv,h,k", [(1, 300, 300, 64, 64), (1, 600, 600, 128, 128),
+                                          (2, 200, 200, 16, 64), (1, 300, 300, 8, 128),
+                                          (1, 5, 600, 32, 512)])
+def test_dsv4_sm90_csa_padded_lists(b, sq, skv, h, k):
+    check(b, sq, skv, h, 128, 4, skv // 4, True, topk_k=k, padded_lists=True,
+          seed=stable_seed("padded", b, sq, h, k))
+
+
 def test_dsv4_sm90_fp16_and_views():
     check(2, 40, 200, 64, 128, 4, 50, True, dtype=torch.float16, seed=3)
     check(1, 33, 180, 128, 16, 128, 1, True, q_view=True, seed=4)
 
 
 def test_dsv4_sm90_uncovered_calls_take_reference_path():
-    q = torch.randn(1, 4, 16, D, device="cuda").bfloat16()  # CSA needs Hq % 64 == 0
+    q = torch.randn(1, 4, 1, D, device="cuda").bfloat16()  # CSA needs 2 or more heads
     kv = torch.randn(1, 40, D, device="cuda").bfloat16()
     comp = torch.randn(1, 10, D, device="cuda").bfloat16()
     topk = torch.zeros(1, 4, 8, dtype=torch.int32, device="cuda")
@@ -209,6 +241,8 @@ VARLEN_CASES = [
     ((1, 129, 2), (1000, 300, 129), 128, 128, 128, 0),               # HCA r = 128
     ((5, 130, 1, 64), (300, 130, 700, 64), 64, 128, 4, 64),          # CSA
     ((1, 1, 1, 1), (2100, 17, 4, 1300), 128, 128, 4, 512),           # CSA decode
+    ((5, 130, 1, 64), (300, 130, 700, 64), 16, 128, 4, 64),          # CSA, 4 tokens x 16 heads
+    ((3, 70, 1), (500, 70, 900), 8, 128, 4, 128),                    # CSA, 8 tokens x 8 heads
 ]
 
 

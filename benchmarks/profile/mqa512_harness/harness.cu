@@ -124,11 +124,19 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&comp, (size_t)B * Sc * 512 * 2)); fill<<<1024, 256>>>(comp, (size_t)B * Sc * 512, 3);
   }
   int* topk = nullptr;
-  if (compressed_mode > 0) {  // token t lists K distinct rows (an odd stride mod a power of two)
+  // Token t lists K distinct rows (an odd stride mod a power of two), some not yet closed; with
+  // DSV4_HARNESS_PADDED=1 as an indexer lists them: min(K, closed) distinct closed rows, then -1.
+  const bool padded = getenv("DSV4_HARNESS_PADDED") && atoi(getenv("DSV4_HARNESS_PADDED"));
+  if (compressed_mode > 0) {
     const int K = compressed_mode;
     std::vector<int> idx((size_t)B * S * K);
-    for (size_t r = 0; r < (size_t)B * S; ++r)
-      for (int j = 0; j < K; ++j) idx[r * K + j] = (int)((r * 7919 + (size_t)j * 104729) % Sc);
+    for (size_t r = 0; r < (size_t)B * S; ++r) {
+      const long closed = std::min<long>(Sc, ((long)(r % S) + Sk - S + 1) / 4);
+      for (int j = 0; j < K; ++j) {
+        idx[r * K + j] = !padded ? (int)((r * 7919 + (size_t)j * 104729) % Sc)
+                         : j < closed ? (int)((r * 7919 + (size_t)j * 104729) % closed) : -1;
+      }
+    }
     CK(cudaMalloc(&topk, idx.size() * 4)); CK(cudaMemcpy(topk, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
   }
   const Row row{B, S, Sk, H, causal, window_left, ratio, Sc, compressed_mode > 0 ? compressed_mode : 0};

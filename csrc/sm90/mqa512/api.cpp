@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 namespace dsv4 {
 
 Route<Mqa512Plan> route_mqa512(const Mqa512Problem& pr, const DeviceFacts& device,
@@ -15,13 +17,17 @@ Route<Mqa512Plan> route_mqa512(const Mqa512Problem& pr, const DeviceFacts& devic
   }
   if (pr.q.size(-1) != 512) return R::reference("head_dim is not 512");
   if (const char* why = mqa512_shape_unsupported(s)) return R::reference(why);
-  // CSA gathers one token's list per work tile: the tile must hold one token.
-  if (s.topk_k > 0 && (s.heads_q / s.heads_kv) % kMqa512Rows != 0) {
-    return R::reference("top-k rows with fewer than 64 query heads per KV head");
-  }
   if (!tma_compatible(pr.q) || !tma_compatible(pr.kv) ||
       (pr.compressed.defined() && !tma_compatible(pr.compressed))) {
     return R::reference("strides TMA cannot describe");
+  }
+  // CSA: a producer lane holds each token's closed rows (at most 32 tokens per work tile), and
+  // a list is found from a 32-bit row index.
+  if (s.topk_k > 0 && kMqa512Rows / std::min<int64_t>(s.heads_q / s.heads_kv, kMqa512Rows) > 32) {
+    return R::reference("top-k rows with one query head per KV head");
+  }
+  if (s.topk_k > 0 && (s.varlen ? 1 : s.batch) * s.seqlen_q >= (int64_t{1} << 31)) {
+    return R::reference("2^31 or more top-k lists");
   }
   // The gather offsets rows by a 32-bit byte stride.
   if (s.topk_k > 0 && pr.compressed.stride(1) * pr.compressed.element_size() >= (int64_t{1} << 32)) {

@@ -175,15 +175,24 @@ struct Mqa512Consumer {
     const float neg_inf = __int_as_float(0xff800000);
     const int num_kv = seg.num_kv;
     const bool compressed = it >= num_kv;
-    if (compressed && p.topk != nullptr) {  // CSA: the slots the producer found visible
-      const uint32_t valid[2] = {s.csa_valid[wg][0], s.csa_valid[wg][1]};  // own tile: stage wg
+    if (compressed && p.topk != nullptr) {
+      // CSA: the slots the producer found visible in the list of token csa_token, seen only
+      // by that token's rows (row = head * tile_tokens + token). Own tile: stage wg.
+      const uint4 slots = *reinterpret_cast<const uint4*>(&s.csa_slots[wg][0]);
+      uint32_t valid[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {  // tile_tokens is a power of two
+        const bool own = ((frag_row + 8 * i) & (p.tile_tokens - 1)) == int(slots.z);
+        valid[i][0] = own ? slots.x : 0u;
+        valid[i][1] = own ? slots.y : 0u;
+      }
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const bool visible = (valid[j / 4] >> ((8 * j + col_lane + c) % 32)) & 1u;
-          sacc[4 * j + c] = visible ? sacc[4 * j + c] : neg_inf;
-          sacc[4 * j + 2 + c] = visible ? sacc[4 * j + 2 + c] : neg_inf;
+          const int bit = (8 * j + col_lane + c) % 32;
+          sacc[4 * j + c] = (valid[0][j / 4] >> bit) & 1u ? sacc[4 * j + c] : neg_inf;
+          sacc[4 * j + 2 + c] = (valid[1][j / 4] >> bit) & 1u ? sacc[4 * j + 2 + c] : neg_inf;
         }
       }
       return;

@@ -84,7 +84,9 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
                : 0;
   if (s.compress_ratio > 0) {
     const int64_t rows = s.topk_k > 0 ? s.topk_k : s.max_compressed_rows;
-    max_key_tiles += (rows + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile;
+    // CSA: each of a work tile's tokens walks its own list.
+    max_key_tiles += (rows + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile *
+                     (s.topk_k > 0 ? plan.tile_tokens : 1);
   }
   const int splits = split_kv_splits(plan.tiles, max_key_tiles, num_sms, o.split_kv);
   // A forced count stays within the work-tile bound.

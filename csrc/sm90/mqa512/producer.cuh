@@ -94,31 +94,33 @@ struct Mqa512Producer {
                                                  const Mqa512Progress& progress,
                                                  const Mqa512WorkTile& w,
                                                  const Mqa512KeySegments& seg,
-                                                 const SplitRange& range, int n) const {    // Per work tile: the row where each segment's boxes would start for r = 0 (tile
+                                                 const SplitRange& range, int n) const {
+    // Per work tile: the row where each segment's boxes would start for r = 0 (tile
     // it = range.begin + r is the kv tile at key seg.kv_key0 + 64 it, or compressed tile
-    // it - num_kv), and for CSA the token's list, its closed rows and the rows' base.
+    // it - num_kv); for CSA the rows' base, token 0's list, and in lane j token j's closed rows
+    // (a CSA work tile has at most 32 tokens).
     const int kv_row0 = w.k_start + seg.kv_key0 + range.begin * kBlockN;
     const int c_row0 = w.c_start + (range.begin - seg.num_kv) * kBlockN;
-    const int* listed =
-        p.topk == nullptr ? nullptr
-                          : p.topk + (static_cast<long long>(w.batch) * p.seqlen_q + w.q_start +
-                                      w.tok0) * p.topk_k;
-    const int closed =  // one token per CSA tile
-        p.topk != nullptr ? mqa512_closed_rows(p, w, seg.kv.pos_lo) : 0;
+    const int kv_tiles = seg.num_kv - range.begin;  // tiles r < kv_tiles are kv rows
     const Element* rows = static_cast<const Element*>(p.compressed) +
                           w.batch * p.c_batch_stride + w.c_start * p.c_row_stride;
-    const int slot_base = (range.begin - seg.num_kv) * kBlockN;
-    const int kv_tiles = seg.num_kv - range.begin;  // tiles r < kv_tiles are kv rows
+    const int list_row0 = w.batch * p.seqlen_q + w.q_start + w.tok0;
+    const int closed_lane = p.topk != nullptr ? mqa512_closed_rows(p, w, seg.kv.pos_lo + lane) : 0;
 #pragma unroll 1
     for (int r = stage; r < n; r += 2) {  // this stage's tiles
       const uint32_t phase = progress.stage(stage, r >> 1);
       const bool compressed = r >= kv_tiles;
       const bool gathered = compressed && p.topk != nullptr;
-      // CSA: lane l reads the list entries of rows l and l + 32 now, before the stage is free
-      // (gather_half broadcasts them), and the warp's ballots give the tile's visible slots.
-      int listed_lo = -1, listed_hi = -1;
+      // Lane l reads the list entries of slots l and l + 32 now, before the stage is free (the
+      // gather broadcasts them), and the warp's ballots give the tile's visible slots.
+      int listed_lo = -1, listed_hi = -1, token = 0;
       if (gathered) {
-        const int slot0 = slot_base + r * kBlockN + lane;
+        // Compressed tile r - kv_tiles is a tile of token `token`'s list.
+        const int c_tile = r - kv_tiles;
+        token = c_tile / seg.c_per_token;
+        const int slot0 = (c_tile - token * seg.c_per_token) * kBlockN + lane;
+        const int* listed = p.topk + static_cast<int64_t>(list_row0 + token) * p.topk_k;
+        const int closed = __shfl_sync(0xffffffff, closed_lane, token);
         listed_lo = mqa512_listed_row(listed, p.topk_k, closed, slot0);
         listed_hi = mqa512_listed_row(listed, p.topk_k, closed, slot0 + 32);
       }
@@ -131,13 +133,36 @@ struct Mqa512Producer {
         ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage][half]), phase ^ 1);
         DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvEmptyWait + stage * 2 + half, lane == 0);
         if (gathered) {
-          // The slots' validity for the consumer's mask (written once the half its reader
-          // releases last is free, published by this warp's kv_full arrivals).
+          // The slots' validity and token for the consumer's mask (written once the half its
+          // reader releases last is free, published by this warp's kv_full arrivals).
           if (k == 0 && sub == 0 && lane == 0) {
-            s.csa_valid[stage][0] = valid_lo;
-            s.csa_valid[stage][1] = valid_hi;
+            *reinterpret_cast<uint4*>(&s.csa_slots[stage][0]) =
+                make_uint4(valid_lo, valid_hi, uint32_t(token), 0u);
           }
-{
+          gather_blocks(rows, half, listed_lo, listed_hi);
+        } else if (lane == 0) {
+          for (int cb = kHalf * half + sub; cb < kHalf * (half + 1); cb += 2) {
+            const uint32_t dst = ptx::smem_addr(&s.kv[stage][cb][0][0]), full = kv_full(stage, cb);
+            ptx::mbarrier_arrive_expect_tx(full, T::kBlockBytes);
+            DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, true);
+            if (compressed) {
+              ptx::tma_load_4d(dst, &tmap_c, full, cb * 64, c_row0 + r * kBlockN, 0, w.batch);
+            } else {
+              ptx::tma_load_4d(dst, &tmap_kv, full, cb * 64, kv_row0 + r * kBlockN, w.kv_head,
+                               w.batch);
+            }
+          }
+        }
+        __syncwarp();  // converged before the next wait (see the Q load)
+      }
+    }
+  }
+
+  // CSA: this warp's two 64-column blocks of half `half` of its stage, gathered from the listed
+  // rows (lane l holds the rows of slots l and l + 32; -1: not visible, zero-filled). Lane
+  // 8q + part copies 16-byte part `part` of rows q + 4i, the 16 steps unrolled.
+  __device__ __forceinline__ void gather_blocks(const Element* rows, int half, int listed_lo,
+                                                int listed_hi) const {
     const int cb = kHalf * half + sub, part = lane % 8, row_sub = lane / 8;
     const uint32_t tile = ptx::smem_addr(&s.kv[stage][cb][0][0]) + row_sub * 128;
     // Row q + 4 i sits at swizzle phase q + 4 (i % 2): chunk part ^ q, then ^ 4 for odd i.
@@ -159,29 +184,12 @@ struct Mqa512Producer {
     // go out at once: every lane holds both blocks' phases open until its own copies have
     // landed, then lane 0 gives the one arrival each barrier counts. (The consumers fence the
     // proxies before their wgmmas read the tile.)
-    ptx::cp_async_mbarrier_arrive(kv_full(stage, kHalf * half + sub));
-    ptx::cp_async_mbarrier_arrive(kv_full(stage, kHalf * half + sub + 2));
+    ptx::cp_async_mbarrier_arrive(kv_full(stage, cb));
+    ptx::cp_async_mbarrier_arrive(kv_full(stage, cb + 2));
     __syncwarp();  // every lane's copies are tracked before lane 0 arrives
     if (lane == 0) {
-      ptx::mbarrier_arrive(kv_full(stage, kHalf * half + sub));
-      ptx::mbarrier_arrive(kv_full(stage, kHalf * half + sub + 2));
-    }
-}
-        } else if (lane == 0) {
-          for (int cb = kHalf * half + sub; cb < kHalf * (half + 1); cb += 2) {
-            const uint32_t dst = ptx::smem_addr(&s.kv[stage][cb][0][0]), full = kv_full(stage, cb);
-            ptx::mbarrier_arrive_expect_tx(full, T::kBlockBytes);
-            DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, true);
-            if (compressed) {
-              ptx::tma_load_4d(dst, &tmap_c, full, cb * 64, c_row0 + r * kBlockN, 0, w.batch);
-            } else {
-              ptx::tma_load_4d(dst, &tmap_kv, full, cb * 64, kv_row0 + r * kBlockN, w.kv_head,
-                               w.batch);
-            }
-          }
-        }
-        __syncwarp();  // converged before the next wait (see the Q load)
-      }
+      ptx::mbarrier_arrive(kv_full(stage, cb));
+      ptx::mbarrier_arrive(kv_full(stage, cb + 2));
     }
   }
 };

@@ -15,8 +15,10 @@
 //                   warps 2s and 2s + 1 fill stage s, alternate 64-column blocks each. Each tile
 //                   is read as K and V. CSA tiles have no TMA box: the warps gather their rows
 //                   with 16-byte cp.async (zero-filled where an index is not visible), reading
-//                   the token's list a stage ahead, and leave the tile's visible slots in
-//                   csa_valid for the consumer's mask.
+//                   the token's list a stage ahead, and leave the tile's visible slots and
+//                   its token in csa_slots for the consumer's mask. A work tile
+//                   of several tokens (fewer than 64 heads) walks each token's list in turn;
+//                   the other tokens' rows see none of those slots.
 //   warpgroups 1-2  consumers 0 and 1. Consumer w owns O[:, 256w : 256w + 256] and computes
 //                   S = Q K^T (all 512 dims) for the key tiles of stage w: the even tiles of a
 //                   work tile for w = 0, the odd ones for w = 1. Each pair of tiles is one step
@@ -31,7 +33,7 @@
 // Shared memory: Q [8][64 rows][64] and the two stages [2][8][64 keys][64], each [64][64] block
 // one TMA box with the 128-byte swizzle that wgmma reads; the P tiles [3][64][64] in the same
 // layout; the row maxima [2][64] and row sums [2][2][64] the consumers exchange; the rows' sinks
-// [2][64], loaded with Q; the tile ring [2] and the CSA slot masks [2 stages][64 bits].
+// [2][64], loaded with Q; the tile ring [2] and the CSA slot masks and tokens [2 stages].
 //
 // Barrier protocol (phase bits flip once per fill; Mqa512Progress carries them across work tiles):
 //   q_full            producer arrive.expect_tx(64 KB) + TMA, and with sinks 32 more arrivals:
@@ -106,7 +108,9 @@ struct Mqa512Sm90Traits {
     alignas(16) int tile_info[8][kTileInfoInts];
     float row_sum[2][2][kBlockM];    // [work-tile parity][w]: the row sums both consumers need
     float sink[2][kBlockM];          // [Q fill parity]: the rows' sinks, loaded with Q
-    uint32_t csa_valid[2][2];        // [stage][key rows 0-31, 32-63]: a CSA tile's visible slots
+    // [stage]: a CSA tile's visible slots (key rows 0-31, 32-63) and the token of the work tile
+    // whose list it holds (one 16-byte read for the consumer's mask).
+    alignas(16) uint32_t csa_slots[2][4];
     uint64_t q_full, q_empty;
     uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
     uint64_t kv_empty[2][2];          // [stage][half of head_dim]

@@ -62,14 +62,17 @@ __device__ __forceinline__ Mqa512WorkTile mqa512_decode_tile(const Mqa512Sm90Par
   return w;
 }
 
-// The key tiles a work tile visits: num_kv kv tiles from key kv_key0 on, then compressed tiles
-// [0, num_c). Producer and consumers derive the same sequence. The kv tiles start at the first
-// visible key, not at a multiple of 64: a token's 128-key window is two tiles instead of three,
-// and none of them needs a mask once the window is full.
+// The key tiles a work tile visits: num_kv kv tiles from key kv_key0 on, then num_c compressed
+// tiles (HCA: rows [0, 64 num_c); CSA: c_per_token tiles of listed slots for each of the tile's
+// tokens in turn). The producer derives them (mqa512_key_segments) and publishes them with the
+// work tile. The kv tiles start at the first visible key, not at a multiple of 64: a token's
+// 128-key window is two tiles instead of three, and none of them needs a mask once the window is
+// full.
 struct Mqa512KeySegments {
   KeyTiles kv;  // pos_lo, pos_hi: the tile's first and last token positions
   int kv_key0;
   int num_kv, num_c;
+  int c_per_token;  // CSA: the listed tiles each token of the tile walks
 };
 
 // What the producer publishes per work tile (the tile ring): the tile, its key segments
@@ -85,6 +88,14 @@ __device__ __forceinline__ int mqa512_closed_rows(const Mqa512Sm90Params& p,
   return min(w.seqlen_c, max(pos + 1, 0) / p.compress_ratio);
 }
 
+// CSA: the compressed row in slot `slot` of a token's list (`listed`, K entries), or -1 where
+// it is not visible (past K, negative, or not below `closed` = min(Sc, (t + 1) / r)).
+__device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, int closed,
+                                                 int slot) {
+  const int w = slot < topk_k ? listed[slot] : -1;
+  return w >= 0 && w < closed ? w : -1;
+}
+
 __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm90Params& p,
                                                                  const Mqa512WorkTile& w,
                                                                  int block_n) {
@@ -93,10 +104,17 @@ __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm9
   k.kv_key0 = visible_keys(w.shape, k.kv.pos_lo).lo;
   const int kv_keys = visible_keys(w.shape, k.kv.pos_hi).hi - k.kv_key0;
   k.num_kv = p.use_kv && kv_keys > 0 ? (kv_keys + block_n - 1) / block_n : 0;
+  k.c_per_token = 0;
   if (p.compress_ratio == 0) {
     k.num_c = 0;
   } else if (p.topk != nullptr) {
-    k.num_c = (p.topk_k + block_n - 1) / block_n;  // listed slots, 64 per tile
+    // Every listed slot, 64 per tile, for each of the tile's tokens in its sequence. (A warp
+    // scan of the lists for the last visible slot saved 11% on a fresh prompt's top-1024 lists,
+    // padded with -1, but cost 2.5-7.5% on full lists: it sits on the producer's way into the
+    // next work tile, and its registers spilled.)
+    const int tokens = max(k.kv.pos_hi - k.kv.pos_lo + 1, 0);
+    k.c_per_token = (p.topk_k + block_n - 1) / block_n;
+    k.num_c = k.c_per_token * tokens;
   } else {
     k.num_c = (mqa512_closed_rows(p, w, k.kv.pos_hi) + block_n - 1) / block_n;
   }
@@ -107,14 +125,6 @@ __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm9
 // the combine kernel).
 __device__ __forceinline__ bool mqa512_sinks_with_q(const Mqa512Sm90Params& p) {
   return p.sinks != nullptr && p.num_splits == 1;
-}
-
-// CSA: the compressed row in slot `slot` of a token's list (`listed`, K entries), or -1 where
-// it is not visible (past K, negative, or not below `closed` = min(Sc, (t + 1) / r)).
-__device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, int closed,
-                                                 int slot) {
-  const int w = slot < topk_k ? listed[slot] : -1;
-  return w >= 0 && w < closed ? w : -1;
 }
 
 // A CTA's place in its loop over work tiles, in one register (the consumers are at their
