@@ -150,6 +150,36 @@ def row_vs_flashmla(flashmla, kind, topk, context, hq, ceil, device, dtype, sq=8
             f"{useful / peer / 1e9 / ceil['gemm'] * 100:.0f}%" if peer else "n/a"]
 
 
+def rows_kv_cache(ceil, device):
+    """The paged FP8 cache ops on 64k rows of one engine-sized cache (pages of 64): time, the
+    bytes they must move (rows read or written at 2 bytes a value, records at 584 bytes, slots),
+    and that rate over the same-run copy rate. Checked against the reference path first."""
+    n, p = 65536, 64
+    stride = (p * 584 + 575) // 576 * 576
+    blocks = 2 * n // p
+    cache = torch.zeros(blocks * stride, dtype=torch.uint8, device=device).as_strided(
+        (blocks, p, 1, 584), (stride, 584, 584, 1))
+    kv = torch.randn(n, D, device=device, dtype=torch.bfloat16)
+    slots = torch.randperm(blocks * p, device=device)[:n]
+    dsv4_attn.kv_cache_insert_fp8(kv[:64], cache, slots[:64])
+    got = dsv4_attn.kv_cache_gather_fp8(cache, slots[:64])
+    with common.env_override("DSV4_DISABLE_SM90", "1"):
+        want = dsv4_attn.kv_cache_gather_fp8(cache, slots[:64])
+    assert torch.equal(got, want), "kv_cache_gather_fp8: the kernel differs from the reference"
+    rows = []
+    for name, fn, nbytes in (
+            ("kv_cache_insert_fp8, 64k bf16 rows", lambda: dsv4_attn.kv_cache_insert_fp8(kv, cache, slots),
+             n * (D * 2 + 584 + 8)),
+            ("kv_cache_gather_fp8, 64k rows as bf16", lambda: dsv4_attn.kv_cache_gather_fp8(cache, slots),
+             n * (D * 2 + 584 + 8))):
+        path = (dsv4_attn.kv_cache_insert_fp8_path(kv, cache, slots) if "insert" in name
+                else dsv4_attn.kv_cache_gather_fp8_path(cache, slots))
+        ms = common.bench_ms(fn, warmup=3, rep=20)
+        rate = nbytes / ms / 1e6
+        rows.append([name, path, f"{ms * 1000:.1f}", f"{rate:.0f}", f"{rate / ceil['copy'] * 100:.0f}%"])
+    return rows
+
+
 VS_FLASHMLA = [  # (kind, topk, context, Hq): issue 44's rows, S = 8192
     *[(k, tk, ctx, h) for h in (64, 128) for k, tk, ctx in (
         ("CSA", 512, 8192), ("CSA", 1024, 8192), ("CSA", 512, 65536), ("HCA", 0, 65536),
@@ -297,6 +327,9 @@ def main(argv=None):
                        "speed vs FlashMLA", "dsv4 of GEMM", "FlashMLA of GEMM"]
         table_md += ("\n\n" + mla_note + "\n\n" +
                      common.format_table(mla_headers, mla_rows, markdown=True))
+    kv_headers = ["paged FP8 cache op", "path", "us", "GB/s moved", "of copy"]
+    kv_rows = rows_kv_cache(ceil, device)
+    table_md += "\n\n" + common.format_table(kv_headers, kv_rows, markdown=True)
     common.write_status(args.status_out, common.status_block(
         "bench_dsv4", f"{peers}\n\n{table_md}", gemm=ceil["gemm"], copy_gbs=ceil["copy"],
         device=device, dtype=dtype, note="quick" if args.quick else ""))
@@ -306,6 +339,8 @@ def main(argv=None):
         print()
         print(mla_note)
         print(common.format_table(mla_headers, mla_rows))
+    print()
+    print(common.format_table(kv_headers, kv_rows))
     section = header.replace("\n", "\n\n") + "\n\n" + table_md
     title = f"head_dim 512 (bench_dsv4.py), {common.device_name(device)}"
     if args.out:

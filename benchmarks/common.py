@@ -5,6 +5,7 @@ Everything here measures on the device of the current run: a kernel's TFLOP/s is
 meaningful beside the GEMM rate and copy bandwidth measured in the same process, because
 clocks, power caps and MIG slices differ from machine to machine.
 """
+import contextlib
 import csv
 import datetime
 import os
@@ -112,6 +113,20 @@ def gemm_tflops(device, dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> f
     ms = bench_ms(lambda: torch.matmul(a, b, out=c), warmup=5, rep=30, budget_ms=500.0)
     del a, b, c
     return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
+
+
+@contextlib.contextmanager
+def env_override(name: str, value: str):
+    """Sets an environment variable for the block (the DSV4_* overrides are read per op call)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
 
 
 def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:

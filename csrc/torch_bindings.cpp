@@ -7,12 +7,14 @@
 #include <torch/library.h>
 
 #include <string>
+#include <utility>
 
 #include "generated/build_info.h"  // written by setup.py
 #include "ops/chunk.h"
 #include "ops/dsv4_attention.h"
 #include "ops/entry.h"
 #include "ops/fmha.h"
+#include "ops/kv_cache_fp8.h"
 #include "ops/merge_attn_states.h"
 
 // An importable module so `import dsv4_attn._C` loads this library (abi3, no pybind). Its
@@ -108,6 +110,11 @@ constexpr OpSchema kOps[] = {
     {"chunk_simple_gla", kSimpleGlaArgs, "(Tensor o, Tensor? final_state)"},
 };
 
+// The paged FP8 KV cache ops (README: "The paged FP8 KV cache"): insert writes into `cache` in
+// place; each has the same three twins as the compute ops.
+constexpr const char* kKvInsertArgs = "(Tensor kv, Tensor cache, Tensor slots)";
+constexpr const char* kKvGatherArgs = "(Tensor cache, Tensor slots, ScalarType dtype)";
+
 // The op, its _path and _plan twins (CPU and CUDA: the op units handle both devices), and its
 // _check twin (Meta), each an OpEntry over the op's check.
 template <auto kCheck, auto kOp, auto kPath, auto kPlan>
@@ -133,6 +140,10 @@ void implement_all(torch::Library& m) {
   implement<&check_gated_delta_rule_inputs, &chunk_op, &chunk_path, &chunk_plan>(
       m, "chunk_gated_delta_rule");
   implement<&check_simple_gla_inputs, &chunk_op, &chunk_path, &chunk_plan>(m, "chunk_simple_gla");
+  implement<&check_kv_cache_insert_inputs, &kv_cache_insert_fp8, &kv_cache_insert_fp8_path,
+            &kv_cache_insert_fp8_plan>(m, "kv_cache_insert_fp8");
+  implement<&check_kv_cache_gather_inputs, &kv_cache_gather_fp8, &kv_cache_gather_fp8_path,
+            &kv_cache_gather_fp8_plan>(m, "kv_cache_gather_fp8");
 }
 }  // namespace
 
@@ -143,6 +154,15 @@ TORCH_LIBRARY(dsv4, m) {
     m.def(("_" + name + "_check" + op.args + " -> ()").c_str());
     m.def((name + "_path" + op.args + " -> str").c_str());
     m.def(("_" + name + "_plan" + op.args + " -> str").c_str());
+  }
+  // The cache ops: the twins take the arguments without the alias annotation.
+  m.def("kv_cache_insert_fp8(Tensor kv, Tensor(a!) cache, Tensor slots) -> ()");
+  m.def(("kv_cache_gather_fp8" + std::string(kKvGatherArgs) + " -> Tensor").c_str());
+  for (const auto& [name, args] : {std::pair{"kv_cache_insert_fp8", kKvInsertArgs},
+                                   std::pair{"kv_cache_gather_fp8", kKvGatherArgs}}) {
+    m.def(("_" + std::string(name) + "_check" + args + " -> ()").c_str());
+    m.def((std::string(name) + "_path" + args + " -> str").c_str());
+    m.def(("_" + std::string(name) + "_plan" + args + " -> str").c_str());
   }
 }
 
@@ -157,9 +177,14 @@ TORCH_LIBRARY_IMPL(dsv4, Meta, m) {
   implement_check<&check_merge_inputs>(m, "merge_attn_states");
   implement_check<&check_gated_delta_rule_inputs>(m, "chunk_gated_delta_rule");
   implement_check<&check_simple_gla_inputs>(m, "chunk_simple_gla");
+  implement_check<&check_kv_cache_insert_inputs>(m, "kv_cache_insert_fp8");
+  implement_check<&check_kv_cache_gather_inputs>(m, "kv_cache_gather_fp8");
 }
 
 TORCH_LIBRARY_IMPL(dsv4, Autograd, m) {
+  for (const char* name : {"kv_cache_insert_fp8", "kv_cache_gather_fp8"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&forward_only>());
+  }
   for (const OpSchema& op : kOps) {
     m.impl(op.name, torch::CppFunction::makeFromBoxedFunction<&forward_only>());
   }

@@ -81,6 +81,15 @@ def cases():
     odd = t(2 * 4096 * 16 * 128 + 1)[1:].view(2, 4096, 16, 128)
     yield "out_a's base not 16-byte aligned", ("merge_attn_states", (odd, lse, out, lse), {})
 
+    stride = (64 * 584 + 575) // 576 * 576
+    cache = torch.empty(stride * 1024, dtype=torch.uint8).as_strided((1024, 64, 1, 584),
+                                                                      (stride, 584, 584, 1))
+    slots = torch.arange(65536)
+    yield "64k bf16 rows into 1024 pages of 64", ("kv_cache_insert_fp8",
+                                                  (t(65536, 512), cache, slots), {})
+    yield "64k rows as bf16", ("kv_cache_gather_fp8", (cache, slots, torch.bfloat16), {})
+    yield "64k rows as fp32", ("kv_cache_gather_fp8", (cache, slots, torch.float32), {})
+
     def gdr(b, n, h, hv, **kw):
         return ("chunk_gated_delta_rule",
                 (t(b, n, h, 128), t(b, n, h, 128), t(b, n, hv, 128), torch.empty(b, n, hv),

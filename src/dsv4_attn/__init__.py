@@ -28,6 +28,10 @@ from .ops import (  # noqa: E402
     dsv4_attention_path,
     fmha,
     fmha_path,
+    kv_cache_gather_fp8,
+    kv_cache_gather_fp8_path,
+    kv_cache_insert_fp8,
+    kv_cache_insert_fp8_path,
     launch_plan,
     merge_attn_states,
     merge_attn_states_path,
@@ -45,6 +49,10 @@ __all__ = [
     "chunk_gated_delta_rule_path",
     "chunk_simple_gla",
     "chunk_simple_gla_path",
+    "kv_cache_insert_fp8",
+    "kv_cache_insert_fp8_path",
+    "kv_cache_gather_fp8",
+    "kv_cache_gather_fp8_path",
     "launch_plan",
 ]
 __version__ = "0.1.0"

@@ -205,11 +205,40 @@ def chunk_simple_gla_path(q: Tensor, k: Tensor, v: Tensor, g: Tensor, **kwargs) 
     return _ops.chunk_simple_gla_path(q, k, v, g, **kwargs)
 
 
+def kv_cache_insert_fp8(kv: Tensor, cache: Tensor, slots: Tensor) -> None:
+    """Quantize rows into a paged FP8 KV cache, in place (the record: README, "The paged FP8 KV
+    cache").
+
+    kv (N, 512) bf16/fp16; cache a (num_blocks, P, 1, 584) uint8 view whose stride(0) is the
+    block's bytes (P * 584 rounded up to a multiple of 576); slots (N,) int32/int64, row i goes
+    to global slot slots[i] = block * P + row. A slot of -1, or past the cache, is skipped.
+    Slots must be distinct.
+    """
+    _ops.kv_cache_insert_fp8(kv, cache, slots)
+
+
+def kv_cache_insert_fp8_path(kv: Tensor, cache: Tensor, slots: Tensor) -> str:
+    """Name of the implementation kv_cache_insert_fp8 would run for these arguments."""
+    return _ops.kv_cache_insert_fp8_path(kv, cache, slots)
+
+
+def kv_cache_gather_fp8(cache: Tensor, slots: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """The rows at the given global slots of a paged FP8 KV cache, dequantized: (N, 512) of
+    dtype (bf16, fp16 or fp32). A slot of -1, or past the cache, gives a row of zeros."""
+    return _ops.kv_cache_gather_fp8(cache, slots, dtype)
+
+
+def kv_cache_gather_fp8_path(cache: Tensor, slots: Tensor, dtype: torch.dtype = torch.bfloat16) -> str:
+    """Name of the implementation kv_cache_gather_fp8 would run for these arguments."""
+    return _ops.kv_cache_gather_fp8_path(cache, slots, dtype)
+
+
 def launch_plan(op: str, *args, **kwargs) -> str:
     """The decisions an op would launch with for these arguments: "sm90 <family> <decisions>"
     (the kernel family, tile shape, splits, grid, ...) or "reference: <why not sm90>". op is
     the op's name ("fmha", "dsv4_attention", "merge_attn_states", "chunk_gated_delta_rule",
-    "chunk_simple_gla"); the arguments are the op's. With DSV4_PLAN_ASSUME_SM90=N set, it plans
+    "chunk_simple_gla", "kv_cache_insert_fp8", "kv_cache_gather_fp8"); the arguments are the
+    op's. With DSV4_PLAN_ASSUME_SM90=N set, it plans
     for an sm_90 GPU of N SMs whatever the tensors' device (for tests without a GPU)."""
     return getattr(_ops, f"_{op}_plan")(*args, **kwargs)
 
@@ -320,3 +349,16 @@ def _gla_fake(q, k, v, g, *, scale=None, initial_state=None, output_final_state=
                initial_state=initial_state, output_final_state=output_final_state,
                cu_seqlens=cu_seqlens)
     return _chunk_outputs(q, v, output_final_state, cu_seqlens)
+
+
+@torch.library.register_fake("dsv4::kv_cache_insert_fp8")
+def _kv_cache_insert_fp8_fake(kv, cache, slots):
+    _check_same_device("kv_cache_insert_fp8", "kv", kv, cache=cache, slots=slots)
+    _run_check(_ops._kv_cache_insert_fp8_check, kv, cache, slots)
+
+
+@torch.library.register_fake("dsv4::kv_cache_gather_fp8")
+def _kv_cache_gather_fp8_fake(cache, slots, dtype):
+    _check_same_device("kv_cache_gather_fp8", "cache", cache, slots=slots)
+    _run_check(_ops._kv_cache_gather_fp8_check, cache, slots, dtype)
+    return cache.new_empty((slots.shape[0], 512), dtype=dtype)
