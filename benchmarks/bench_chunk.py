@@ -164,6 +164,47 @@ def warm_peer_caches(shapes, dtype_name) -> None:
           flush=True)
 
 
+DECODE_ROWS = [(b, hv, t) for b in (1, 64, 256) for hv in (32, 64) for t in (1, 2)]
+
+
+def decode_rows(dsv4, dtype, copy_gbs, device):
+    """gated_delta_rule_decode: B sequences, HV v-heads (H = HV / 2), T tokens, K = V = 128,
+    fp32 states in a pool of 1024 slots picked in shuffled order; the state bytes read and
+    written over the call's time, against the same-run copy rate. Each row is first checked
+    against the reference path."""
+    rows = []
+    for b, hv, t in DECODE_ROWS:
+        h, d = hv // 2, 128
+        q, k = (torch.randn(b, t, h, d, device=device, dtype=dtype) for _ in range(2))
+        k = torch.nn.functional.normalize(k.float(), dim=-1).to(dtype)
+        v = torch.randn(b, t, hv, d, device=device, dtype=dtype)
+        g = -torch.rand(b, t, hv, device=device)
+        beta = torch.rand(b, t, hv, device=device)
+        pool = torch.randn(1024, hv, d, d, device=device) * 0.05
+        idx = torch.randperm(1024, device=device)[:b].int()
+        path = dsv4.gated_delta_rule_decode_path(q, k, v, g, beta, pool, state_indices=idx)
+        check = pool.clone()
+        o = dsv4.gated_delta_rule_decode(q, k, v, g, beta, check, state_indices=idx)
+        with common.env_override("DSV4_DISABLE_SM90", "1"):
+            want = pool.clone()
+            o_ref = dsv4.gated_delta_rule_decode(q, k, v, g, beta, want, state_indices=idx)
+        err = max(rel_rms(o, o_ref), rel_rms(check, want))
+        ms = common.bench_ms(lambda: dsv4.gated_delta_rule_decode(q, k, v, g, beta, pool,
+                                                                  state_indices=idx),
+                             warmup=3, rep=20, cuda_graph=True)
+        nbytes = 2 * b * hv * d * d * 4
+        rate = nbytes / ms / 1e6
+        rows.append([f"({b}, {t}, {h}, {hv})", path, f"{ms * 1000:.1f}", f"{rate:.0f}",
+                     f"{rate / copy_gbs * 100:.0f}%", f"{err:.1e}"])
+        print("  ".join(rows[-1]), flush=True)
+        del q, k, v, g, beta, pool, check, want
+    return rows
+
+
+DECODE_HEADERS = ["decode (B, T, H, HV), fp32 states", "path", "us (CUDA graph)",
+                  "state GB/s", "of copy", "rel-RMS vs reference path"]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="two shapes only (smoke run)")
@@ -176,6 +217,8 @@ def main(argv=None) -> int:
                    help="no parallel warm-up processes: each peer compiles when its row comes")
     p.add_argument("--status-out", default=None, metavar="PATH",
                    help="write the table as a status block for benchmarks/update_status.py")
+    p.add_argument("--only-decode", action="store_true",
+                   help="only the decode-step rows (no status block)")
     p.add_argument("--warm-row", default=None, help=argparse.SUPPRESS)  # B,T,H,HV: internal
     args = p.parse_args(argv)
 
@@ -199,6 +242,8 @@ def main(argv=None) -> int:
 
     rows = []
     shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.only_decode:
+        shapes, args.status_out = [], None
     if args.rows:
         shapes = [shapes[int(i)] for i in args.rows.split(",")]
     if not args.no_peers and not args.no_warm and (flash_qla or fla_delta) and len(shapes) > 1:
@@ -265,7 +310,9 @@ def main(argv=None) -> int:
     units = ("ms: median per call with initial and final state; speed vs X: X's ms / dsv4's ms; "
              "floor: max(FLOPs / GEMM rate, bytes / copy bandwidth); rel-RMS vs ref: max over o "
              "and final_state of ||impl - dsv4 reference path|| / ||reference path||")
-    table_md = common.format_table(headers, rows, markdown=True)
+    dec_rows = decode_rows(dsv4, dtype, copy_gbs, device)
+    table_md = (common.format_table(headers, rows, markdown=True) + "\n\n" +
+                common.format_table(DECODE_HEADERS, dec_rows, markdown=True))
     md = "\n".join([header, "", peers, "", ceilings, "", units, "", table_md])
     note = ", ".join(n for n in ("quick" if args.quick else "",
                                  f"rows {args.rows}" if args.rows else "",
@@ -277,6 +324,8 @@ def main(argv=None) -> int:
     print(md)
     print()
     print(common.format_table(headers, rows))
+    print()
+    print(common.format_table(DECODE_HEADERS, dec_rows))
     return 0
 
 

@@ -14,6 +14,7 @@
 #include "ops/dsv4_attention.h"
 #include "ops/entry.h"
 #include "ops/fmha.h"
+#include "ops/gated_delta_decode.h"
 #include "ops/kv_cache_fp8.h"
 #include "ops/merge_attn_states.h"
 
@@ -114,6 +115,10 @@ constexpr OpSchema kOps[] = {
 // place; each has the same three twins as the compute ops.
 constexpr const char* kKvInsertArgs = "(Tensor kv, Tensor cache, Tensor slots)";
 constexpr const char* kKvGatherArgs = "(Tensor cache, Tensor slots, ScalarType dtype)";
+// The gated delta rule's decode step: updates `state` in place, returns o.
+constexpr const char* kDecodeArgs =
+    "(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor state, *, "
+    "Tensor? state_indices=None, float? scale=None, bool use_qk_l2norm_in_kernel=False)";
 
 // The op, its _path and _plan twins (CPU and CUDA: the op units handle both devices), and its
 // _check twin (Meta), each an OpEntry over the op's check.
@@ -144,6 +149,9 @@ void implement_all(torch::Library& m) {
             &kv_cache_insert_fp8_plan>(m, "kv_cache_insert_fp8");
   implement<&check_kv_cache_gather_inputs, &kv_cache_gather_fp8, &kv_cache_gather_fp8_path,
             &kv_cache_gather_fp8_plan>(m, "kv_cache_gather_fp8");
+  implement<&check_gated_delta_decode_inputs, &gated_delta_rule_decode,
+            &gated_delta_rule_decode_path, &gated_delta_rule_decode_plan>(
+      m, "gated_delta_rule_decode");
 }
 }  // namespace
 
@@ -155,11 +163,16 @@ TORCH_LIBRARY(dsv4, m) {
     m.def((name + "_path" + op.args + " -> str").c_str());
     m.def(("_" + name + "_plan" + op.args + " -> str").c_str());
   }
-  // The cache ops: the twins take the arguments without the alias annotation.
+  // The ops that write into an argument: their twins take the arguments without the alias
+  // annotation.
   m.def("kv_cache_insert_fp8(Tensor kv, Tensor(a!) cache, Tensor slots) -> ()");
   m.def(("kv_cache_gather_fp8" + std::string(kKvGatherArgs) + " -> Tensor").c_str());
+  m.def("gated_delta_rule_decode(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, "
+        "Tensor(a!) state, *, Tensor? state_indices=None, float? scale=None, "
+        "bool use_qk_l2norm_in_kernel=False) -> Tensor");
   for (const auto& [name, args] : {std::pair{"kv_cache_insert_fp8", kKvInsertArgs},
-                                   std::pair{"kv_cache_gather_fp8", kKvGatherArgs}}) {
+                                   std::pair{"kv_cache_gather_fp8", kKvGatherArgs},
+                                   std::pair{"gated_delta_rule_decode", kDecodeArgs}}) {
     m.def(("_" + std::string(name) + "_check" + args + " -> ()").c_str());
     m.def((std::string(name) + "_path" + args + " -> str").c_str());
     m.def(("_" + std::string(name) + "_plan" + args + " -> str").c_str());
@@ -179,10 +192,11 @@ TORCH_LIBRARY_IMPL(dsv4, Meta, m) {
   implement_check<&check_simple_gla_inputs>(m, "chunk_simple_gla");
   implement_check<&check_kv_cache_insert_inputs>(m, "kv_cache_insert_fp8");
   implement_check<&check_kv_cache_gather_inputs>(m, "kv_cache_gather_fp8");
+  implement_check<&check_gated_delta_decode_inputs>(m, "gated_delta_rule_decode");
 }
 
 TORCH_LIBRARY_IMPL(dsv4, Autograd, m) {
-  for (const char* name : {"kv_cache_insert_fp8", "kv_cache_gather_fp8"}) {
+  for (const char* name : {"kv_cache_insert_fp8", "kv_cache_gather_fp8", "gated_delta_rule_decode"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&forward_only>());
   }
   for (const OpSchema& op : kOps) {

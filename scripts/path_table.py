@@ -81,6 +81,12 @@ def cases():
     odd = t(2 * 4096 * 16 * 128 + 1)[1:].view(2, 4096, 16, 128)
     yield "out_a's base not 16-byte aligned", ("merge_attn_states", (odd, lse, out, lse), {})
 
+    pool = torch.empty(1024, 32, 128, 128)
+    yield "decode: B = 64, T = 1, (H, HV) = (16, 32), fp32 pool of 1024", (
+        "gated_delta_rule_decode", (t(64, 1, 16, 128), t(64, 1, 16, 128), t(64, 1, 32, 128),
+                                    torch.empty(64, 1, 32), torch.empty(64, 1, 32), pool),
+        {"state_indices": torch.arange(64)})
+
     stride = (64 * 584 + 575) // 576 * 576
     cache = torch.empty(stride * 1024, dtype=torch.uint8).as_strided((1024, 64, 1, 584),
                                                                       (stride, 584, 584, 1))

@@ -58,3 +58,17 @@ del os.environ["DSV4_CHUNK_FUSED"]
 torch.cuda.synchronize()
 assert all(torch.isfinite(x).all() for x in (o1, f1, o2, f2, o3, f3, *segmented, *fused))
 print("sanitize_chunk: sm90 path ran for both ops (and the fused l2norm), outputs finite")
+
+# The decode step (csrc/sm90/linear_decode): a pool with a skipped and an out-of-range slot,
+# T = 2, bf16 state, with the qk l2norm (its block reductions).
+qd = torch.randn(5, 2, 2, 128, device="cuda", dtype=torch.bfloat16)
+vd = torch.randn(5, 2, 4, 128, device="cuda", dtype=torch.bfloat16)
+gd, bd = -torch.rand(5, 2, 4, device="cuda"), torch.rand(5, 2, 4, device="cuda")
+pool = (torch.randn(9, 4, 128, 128, device="cuda") * 0.1).bfloat16()
+slots = torch.tensor([4, -1, 0, 9, 7], device="cuda")
+assert dsv4_attn.gated_delta_rule_decode_path(qd, qd, vd, gd, bd, pool, state_indices=slots) == "sm90"
+od = dsv4_attn.gated_delta_rule_decode(qd, qd, vd, gd, bd, pool, state_indices=slots,
+                                       use_qk_l2norm_in_kernel=True)
+torch.cuda.synchronize()
+assert torch.isfinite(od).all() and torch.isfinite(pool.float()).all()
+print("sanitize_chunk: gated_delta_rule_decode sm90 path ran, outputs finite")

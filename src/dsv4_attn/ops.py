@@ -233,12 +233,43 @@ def kv_cache_gather_fp8_path(cache: Tensor, slots: Tensor, dtype: torch.dtype = 
     return _ops.kv_cache_gather_fp8_path(cache, slots, dtype)
 
 
+def gated_delta_rule_decode(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    *,
+    state_indices: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> Tensor:
+    """One decode step of the gated delta rule (chunk_gated_delta_rule's recurrence) for T tokens
+    per sequence, its state updated in place.
+
+    q, k (B, T, H, K); v (B, T, HV, V); g, beta (B, T, HV); state (N, HV, K, V) fp32 or bf16:
+    one per sequence (N = B), or a pool that state_indices (B,) int32/int64 picks from, where
+    -1 (or a slot past the pool) skips the sequence: its o is 0 and no state changes. The
+    picked slots must be distinct. Returns o (B, T, HV, V) in v's dtype.
+    """
+    return _ops.gated_delta_rule_decode(q, k, v, g, beta, state, state_indices=state_indices,
+                                        scale=scale,
+                                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def gated_delta_rule_decode_path(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                                 state: Tensor, **kwargs) -> str:
+    """Name of the implementation gated_delta_rule_decode would run for these arguments."""
+    return _ops.gated_delta_rule_decode_path(q, k, v, g, beta, state, **kwargs)
+
+
 def launch_plan(op: str, *args, **kwargs) -> str:
     """The decisions an op would launch with for these arguments: "sm90 <family> <decisions>"
     (the kernel family, tile shape, splits, grid, ...) or "reference: <why not sm90>". op is
     the op's name ("fmha", "dsv4_attention", "merge_attn_states", "chunk_gated_delta_rule",
-    "chunk_simple_gla", "kv_cache_insert_fp8", "kv_cache_gather_fp8"); the arguments are the
-    op's. With DSV4_PLAN_ASSUME_SM90=N set, it plans
+    "chunk_simple_gla", "gated_delta_rule_decode", "kv_cache_insert_fp8",
+    "kv_cache_gather_fp8"); the arguments are the op's. With DSV4_PLAN_ASSUME_SM90=N set, it plans
     for an sm_90 GPU of N SMs whatever the tensors' device (for tests without a GPU)."""
     return getattr(_ops, f"_{op}_plan")(*args, **kwargs)
 
@@ -362,3 +393,14 @@ def _kv_cache_gather_fp8_fake(cache, slots, dtype):
     _check_same_device("kv_cache_gather_fp8", "cache", cache, slots=slots)
     _run_check(_ops._kv_cache_gather_fp8_check, cache, slots, dtype)
     return cache.new_empty((slots.shape[0], 512), dtype=dtype)
+
+
+@torch.library.register_fake("dsv4::gated_delta_rule_decode")
+def _gated_delta_rule_decode_fake(q, k, v, g, beta, state, *, state_indices=None, scale=None,
+                                  use_qk_l2norm_in_kernel=False):
+    _check_same_device("gated_delta_rule_decode", "q", q, k=k, v=v, g=g, beta=beta, state=state,
+                       state_indices=state_indices)
+    _run_check(_ops._gated_delta_rule_decode_check, q, k, v, g, beta, state,
+               state_indices=state_indices, scale=scale,
+               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    return v.new_empty(v.shape)
