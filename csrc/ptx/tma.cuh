@@ -36,6 +36,16 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       : "memory");
 }
 
+// cp.async.bulk (no tensor map), shared -> global: copy `bytes` contiguous bytes (a multiple of
+// 16, both addresses 16-byte aligned), tracked by this thread's bulk groups. The writers of
+// `src` fence the proxies (fence_proxy_async_smem) before it is issued.
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+
 // cp.async.bulk.tensor.4d, shared -> global: store the box at coordinates (c0 innermost .. c3)
 // from shared memory, tracked by this thread's bulk groups. Box elements outside the tensor are
 // not written. The writers of `src` fence the proxies (fence_proxy_async_smem) before it is issued.

@@ -1,10 +1,11 @@
 // One decode step of the gated delta rule (README: gated_delta_rule_decode) for T <= 4 tokens
-// per sequence, K = V = 128: one CTA per (sequence, v-head); threads 2j and 2j + 1 own the two
-// halves (64 rows each) of column j of the K x V fp32 state, kept in registers for the step
-// (a whole column per thread spilled). Per token t:
+// per sequence, K = V = 128: one CTA of 128 threads per (sequence, v-head). The K x V state
+// block (contiguous in the pool) arrives in shared memory by one bulk copy and leaves by one, so
+// a few CTAs per SM keep their copies in flight while others compute; thread j owns column j.
+// The state is held in fp32 (a bf16 state is widened on arrival and rounded once on the way
+// out, as the reference path does). Per token t:
 //   S <- exp(g_t) S;  u_j = beta_t (v_tj - sum_k S_kj k_tk);  S_kj += k_tk u_j;
 //   o_tj = scale sum_k S_kj q_tk.
-// The state is read once and written once (a warp covers 16 consecutive columns of two rows);
 // q and k go through shared memory, each l2-normalized there when asked.
 #pragma once
 
@@ -14,14 +15,22 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
 #include "sm90/linear_decode/params.h"
 
 namespace dsv4 {
 
-constexpr int kDecodeDim = 128;      // K = V
-constexpr int kDecodeHalf = kDecodeDim / 2;
-constexpr int kDecodeThreads = 2 * kDecodeDim;
+constexpr int kDecodeDim = 128;      // K = V, and the CTA's threads
 constexpr int kDecodeMaxTokens = 4;  // T
+constexpr int kDecodeStateFloats = kDecodeDim * kDecodeDim;
+
+// Dynamic shared memory: the fp32 working state, and for a bf16 state its staging copy.
+template <typename State>
+constexpr int decode_smem_bytes() {
+  return kDecodeStateFloats * (4 + (std::is_same_v<State, float> ? 0 : int(sizeof(State))));
+}
 
 template <typename T>
 __device__ __forceinline__ float decode_to_float(T x) {
@@ -45,27 +54,29 @@ __device__ __forceinline__ T decode_from_float(float x) {
   }
 }
 
-// The sum over the CTA's threads (every thread gets it); `scratch` holds one float per warp.
+// The sum over the CTA's 128 threads (every thread gets it); `scratch` holds 4 floats.
 __device__ __forceinline__ float decode_block_sum(float x, float* scratch) {
 #pragma unroll
   for (int m = 16; m > 0; m /= 2) x += __shfl_xor_sync(0xffffffff, x, m);
   __syncthreads();  // scratch's last readers are done
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
   __syncthreads();
-  float sum = 0.f;
-#pragma unroll
-  for (int w = 0; w < kDecodeThreads / 32; ++w) sum += scratch[w];
-  return sum;
+  return scratch[0] + scratch[1] + scratch[2] + scratch[3];
 }
 
 template <typename Element, typename State>
-__global__ void __launch_bounds__(kDecodeThreads)
-    gated_delta_decode_kernel(const GatedDeltaDecodeParams p) {
-  __shared__ float qs[kDecodeMaxTokens][kDecodeDim], ks[kDecodeMaxTokens][kDecodeDim];
+__global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const GatedDeltaDecodeParams p) {
+  extern __shared__ __align__(128) uint8_t decode_smem[];
+  float* S = reinterpret_cast<float*>(decode_smem);  // [k][j]
+  State* staged = std::is_same_v<State, float>
+                      ? reinterpret_cast<State*>(S)
+                      : reinterpret_cast<State*>(decode_smem + kDecodeStateFloats * 4);
+  __shared__ alignas(16) float qs[kDecodeMaxTokens][kDecodeDim];
+  __shared__ alignas(16) float ks[kDecodeMaxTokens][kDecodeDim];
   __shared__ float vs[kDecodeMaxTokens][kDecodeDim], gs[kDecodeMaxTokens], bs[kDecodeMaxTokens];
-  __shared__ float scratch[kDecodeThreads / 32];
-  const int hv = blockIdx.x % p.heads_v, b = blockIdx.x / p.heads_v;
-  const int j = threadIdx.x / 2, half = threadIdx.x % 2;  // column j, rows 64 half + i
+  __shared__ float scratch[4];
+  __shared__ alignas(8) uint64_t state_full;
+  const int hv = blockIdx.x % p.heads_v, b = blockIdx.x / p.heads_v, j = threadIdx.x;
   const int h = hv / (p.heads_v / p.heads_qk);
   int64_t slot = b;
   if (p.state_indices != nullptr) {
@@ -75,69 +86,92 @@ __global__ void __launch_bounds__(kDecodeThreads)
   Element* o = static_cast<Element*>(p.o);
   const int64_t o_row = (int64_t(b) * p.tokens * p.heads_v + hv) * kDecodeDim + j;
   if (slot < 0 || slot >= p.num_states) {  // skipped: o = 0, the state untouched
-    for (int t = 0; t < p.tokens && half == 0; ++t) {
+    for (int t = 0; t < p.tokens; ++t) {
       o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = decode_from_float<Element>(0.f);
     }
     return;
   }
-  // The state's column j: its loads go out first.
-  State* col = static_cast<State*>(p.state) +
-               ((slot * p.heads_v + hv) * kDecodeDim + half * kDecodeHalf) * kDecodeDim + j;
-  float s[kDecodeHalf];
-#pragma unroll
-  for (int i = 0; i < kDecodeHalf; ++i) s[i] = decode_to_float(col[i * kDecodeDim]);
-  // q and k of every token into shared memory (each thread one dim), normalized if asked and
-  // rounded to their dtype, as the chunk op does; so do v, g and beta (indexed by the token:
-  // registers indexed so would spill).
+  State* state = static_cast<State*>(p.state) + (slot * p.heads_v + hv) * kDecodeStateFloats;
+  constexpr uint32_t kStateBytes = kDecodeStateFloats * sizeof(State);
+  const uint32_t full = ptx::smem_addr(&state_full);
+  if (j == 0) {
+    ptx::mbarrier_init(full, 1);
+    ptx::fence_barrier_init();
+    ptx::mbarrier_arrive_expect_tx(full, kStateBytes);
+    ptx::bulk_load(ptx::smem_addr(staged), state, kStateBytes, full);
+  }
+  // While the state lands: q and k of every token into shared memory (each thread one dim),
+  // normalized if asked and rounded to their dtype, as the chunk op does; v, g and beta too.
   const Element* q = static_cast<const Element*>(p.q);
   const Element* kp = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
-  const int d = threadIdx.x % kDecodeDim;  // threads d and d + 128 load dim d (the first keeps it)
 #pragma unroll 1
   for (int t = 0; t < p.tokens; ++t) {
-    float qv = decode_to_float(q[b * p.q_stride[0] + t * p.q_stride[1] + h * p.q_stride[2] + d]);
-    float kv = decode_to_float(kp[b * p.k_stride[0] + t * p.k_stride[1] + h * p.k_stride[2] + d]);
-    if (threadIdx.x >= kDecodeDim) qv = kv = 0.f;
+    float qv = decode_to_float(q[b * p.q_stride[0] + t * p.q_stride[1] + h * p.q_stride[2] + j]);
+    float kv = decode_to_float(kp[b * p.k_stride[0] + t * p.k_stride[1] + h * p.k_stride[2] + j]);
     if (p.qk_l2norm) {
       qv = decode_to_float(decode_from_float<Element>(qv * rsqrtf(decode_block_sum(qv * qv, scratch) + 1e-6f)));
       kv = decode_to_float(decode_from_float<Element>(kv * rsqrtf(decode_block_sum(kv * kv, scratch) + 1e-6f)));
     }
-    if (threadIdx.x < kDecodeDim) {
-      qs[t][d] = qv;
-      ks[t][d] = kv;
-      vs[t][d] = decode_to_float(v[b * p.v_stride[0] + t * p.v_stride[1] + hv * p.v_stride[2] + d]);
-    }
-    if (threadIdx.x == 0) {
+    qs[t][j] = qv;
+    ks[t][j] = kv;
+    vs[t][j] = decode_to_float(v[b * p.v_stride[0] + t * p.v_stride[1] + hv * p.v_stride[2] + j]);
+    if (j == 0) {
       const int64_t gi = (int64_t(b) * p.tokens + t) * p.heads_v + hv;
       gs[t] = p.g[gi];
       bs[t] = p.beta[gi];
     }
   }
-  __syncthreads();
+  __syncthreads();  // q, k, v, g, beta; the barrier's init
+  ptx::mbarrier_wait(full, 0);
+  if constexpr (!std::is_same_v<State, float>) {  // widen the staged state (column j: own data)
+#pragma unroll 8
+    for (int k = 0; k < kDecodeDim; ++k) S[k * kDecodeDim + j] = decode_to_float(staged[k * kDecodeDim + j]);
+  }
 #pragma unroll 1
   for (int t = 0; t < p.tokens; ++t) {
     const float decay = expf(gs[t]);
-    const float* kt = &ks[t][half * kDecodeHalf];
-    const float* qt = &qs[t][half * kDecodeHalf];
+    // k and q four at a time (one broadcast 16-byte read each), the column one value at a time.
+    const float4* k4 = reinterpret_cast<const float4*>(ks[t]);
+    const float4* q4 = reinterpret_cast<const float4*>(qs[t]);
     float w = 0.f;
-#pragma unroll
-    for (int i = 0; i < kDecodeHalf; ++i) {
-      s[i] *= decay;
-      w = fmaf(s[i], kt[i], w);
+#pragma unroll 4
+    for (int k = 0; k < kDecodeDim; k += 4) {
+      const float4 kk = k4[k / 4];
+      const float* col = S + k * kDecodeDim + j;
+      w = fmaf(col[0], kk.x, w);
+      w = fmaf(col[kDecodeDim], kk.y, w);
+      w = fmaf(col[2 * kDecodeDim], kk.z, w);
+      w = fmaf(col[3 * kDecodeDim], kk.w, w);
     }
-    w += __shfl_xor_sync(0xffffffff, w, 1);  // the column's other half
-    const float u = bs[t] * (vs[t][j] - w);
+    const float u = bs[t] * (vs[t][j] - decay * w);
     float out = 0.f;
-#pragma unroll
-    for (int i = 0; i < kDecodeHalf; ++i) {
-      s[i] = fmaf(kt[i], u, s[i]);
-      out = fmaf(s[i], qt[i], out);
+#pragma unroll 4
+    for (int k = 0; k < kDecodeDim; k += 4) {
+      const float4 kk = k4[k / 4], qq = q4[k / 4];
+      float* col = S + k * kDecodeDim + j;
+      const float x0 = fmaf(col[0], decay, kk.x * u), x1 = fmaf(col[kDecodeDim], decay, kk.y * u);
+      const float x2 = fmaf(col[2 * kDecodeDim], decay, kk.z * u);
+      const float x3 = fmaf(col[3 * kDecodeDim], decay, kk.w * u);
+      col[0] = x0;
+      col[kDecodeDim] = x1;
+      col[2 * kDecodeDim] = x2;
+      col[3 * kDecodeDim] = x3;
+      out = fmaf(x0, qq.x, fmaf(x1, qq.y, fmaf(x2, qq.z, fmaf(x3, qq.w, out))));
     }
-    out += __shfl_xor_sync(0xffffffff, out, 1);
-    if (half == 0) o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = decode_from_float<Element>(p.scale * out);
+    o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = decode_from_float<Element>(p.scale * out);
   }
-#pragma unroll
-  for (int i = 0; i < kDecodeHalf; ++i) col[i * kDecodeDim] = decode_from_float<State>(s[i]);
+  if constexpr (!std::is_same_v<State, float>) {
+#pragma unroll 8
+    for (int k = 0; k < kDecodeDim; ++k) staged[k * kDecodeDim + j] = decode_from_float<State>(S[k * kDecodeDim + j]);
+  }
+  ptx::fence_proxy_async_smem();  // the bulk store reads what the threads wrote
+  __syncthreads();
+  if (j == 0) {
+    ptx::bulk_store(state, ptx::smem_addr(staged), kStateBytes);
+    ptx::bulk_commit_group();
+    ptx::bulk_wait_group_read<0>();  // the shared memory stays until the store has read it
+  }
 }
 
 }  // namespace dsv4

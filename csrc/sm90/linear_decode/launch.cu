@@ -4,20 +4,25 @@
 
 #include "sm90/linear_decode/api.h"
 #include "sm90/linear_decode/kernel.cuh"
+#include "sm90/shared/host.h"
 
 namespace dsv4 {
 namespace {
 
 template <typename Element, typename State>
-void launch(const GatedDeltaDecodeParams& p, int64_t ctas, cudaStream_t stream) {
-  gated_delta_decode_kernel<Element, State><<<static_cast<unsigned>(ctas), kDecodeThreads, 0, stream>>>(p);
+void launch(const GatedDeltaDecodeParams& p, int64_t ctas, int device, cudaStream_t stream) {
+  constexpr auto kKernel = gated_delta_decode_kernel<Element, State>;
+  constexpr int kSmem = decode_smem_bytes<State>();
+  allow_dynamic_smem<kKernel>(device, kSmem);
+  kKernel<<<static_cast<unsigned>(ctas), kDecodeDim, kSmem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename Element>
-void launch_state(const GatedDeltaDecodeParams& p, bool bf16_state, int64_t ctas,
+void launch_state(const GatedDeltaDecodeParams& p, bool bf16_state, int64_t ctas, int device,
                   cudaStream_t stream) {
-  bf16_state ? launch<Element, __nv_bfloat16>(p, ctas, stream) : launch<Element, float>(p, ctas, stream);
+  bf16_state ? launch<Element, __nv_bfloat16>(p, ctas, device, stream)
+             : launch<Element, float>(p, ctas, device, stream);
 }
 
 }  // namespace
@@ -47,11 +52,12 @@ void run_gated_delta_decode(const GatedDeltaDecodeProblem& pr, const GatedDeltaD
   p.scale = static_cast<float>(pr.scale);
   p.qk_l2norm = pr.qk_l2norm;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int device = pr.q.get_device();
   const bool bf16_state = pr.state.scalar_type() == at::kBFloat16;
   switch (pr.q.scalar_type()) {
-    case at::kBFloat16: launch_state<__nv_bfloat16>(p, bf16_state, plan.ctas, stream); break;
-    case at::kHalf: launch_state<__half>(p, bf16_state, plan.ctas, stream); break;
-    default: launch_state<float>(p, bf16_state, plan.ctas, stream); break;
+    case at::kBFloat16: launch_state<__nv_bfloat16>(p, bf16_state, plan.ctas, device, stream); break;
+    case at::kHalf: launch_state<__half>(p, bf16_state, plan.ctas, device, stream); break;
+    default: launch_state<float>(p, bf16_state, plan.ctas, device, stream); break;
   }
 }
 
