@@ -176,8 +176,9 @@ struct Mqa512Consumer {
     const int num_kv = seg.num_kv;
     const bool compressed = it >= num_kv;
     if (compressed && p.topk != nullptr) {
-      // CSA: the slots the producer found visible in the list of token csa_token, seen only
-      // by that token's rows (row = head * tile_tokens + token). Own tile: stage wg.
+      // CSA: the slots the producer found visible in one token's list (csa_slots: the two
+      // mask words, then the token), seen only by that token's rows (row = head *
+      // tile_tokens + token). Own tile: stage wg.
       const uint4 slots = *reinterpret_cast<const uint4*>(&s.csa_slots[wg][0]);
       uint32_t valid[2][2];
 #pragma unroll
