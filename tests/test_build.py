@@ -44,7 +44,7 @@ calls = {{
         *[torch.zeros(1, 4, 2, 32, dtype=bf, device=dev)] * 3,
         torch.zeros(1, 4, 3, device=dev), torch.zeros(1, 4, 2, device=dev)),
     "chunk_simple_gla": lambda: ops.chunk_simple_gla(
-        *[torch.zeros(1, 4, 2, 32, dtype=torch.float32, device=dev)] * 3,
+        *[torch.zeros(1, 4, 2, 32, dtype=torch.float64, device=dev)] * 3,
         torch.zeros(1, 4, 2, device=dev)),
 }}
 for name, call in calls.items():
@@ -69,7 +69,7 @@ def test_errors_reach_python_in_a_fresh_process(device):
     assert "fmha raised: fmha: the query heads must be a multiple of the KV heads" in r.stdout
     assert "merge_attn_states raised: merge_attn_states: lse_a must have shape" in r.stdout
     assert "chunk_gated_delta_rule raised: chunk_gated_delta_rule: g must have shape" in r.stdout
-    assert "chunk_simple_gla raised: chunk_simple_gla: q must be bf16 or fp16" in r.stdout
+    assert "chunk_simple_gla raised: chunk_simple_gla: q must be bf16, fp16 or fp32" in r.stdout
 
 
 # ----------------------------------------------------------------------------- build_info

@@ -64,7 +64,7 @@ DENSE_CASES = [
 
 
 @pytest.mark.parametrize("b,t,h,hv,dk,dv,with_state,output_final_state", DENSE_CASES)
-@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES + [torch.float32], ids=["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("op", OPS)
 def test_chunk_dense(gen, device, op, dtype, b, t, h, hv, dk, dv, with_state,
                      output_final_state):

@@ -304,10 +304,10 @@ def test_chunk_valid_base_calls_pass(gen, op):
 
 @pytest.mark.parametrize("op", CHUNK_OPS)
 @pytest.mark.parametrize("over,match", [
-    pytest.param(lambda g: dict(q=randn(g, 1, 9, 2, 32, dtype=torch.float32),
-                                k=randn(g, 1, 9, 2, 32, dtype=torch.float32),
-                                v=randn(g, 1, 9, 4, 16, dtype=torch.float32)),
-                 r"q must be bf16 or fp16 \(got Float\)", id="fp32-qkv"),
+    pytest.param(lambda g: dict(q=randn(g, 1, 9, 2, 32, dtype=torch.float64),
+                                k=randn(g, 1, 9, 2, 32, dtype=torch.float64),
+                                v=randn(g, 1, 9, 4, 16, dtype=torch.float64)),
+                 r"q must be bf16, fp16 or fp32 \(got Double\)", id="fp64-qkv"),
     pytest.param(lambda g: dict(k=randn(g, 1, 9, 2, 32, dtype=torch.float16)),
                  r"k must have the same dtype as q", id="k-fp16"),
     pytest.param(lambda g: dict(v=randn(g, 1, 9, 4, 16, dtype=torch.float16)),

@@ -147,3 +147,18 @@ def test_padded_batches_are_refused():
 def test_unsupported_model_is_refused():
     with pytest.raises(ValueError, match="unsupported model type"):
         enable(torch.nn.Linear(2, 2))
+
+
+def test_qwen3_next_fp32_matches_torch(device):
+    """fp32 Qwen3-Next: the chunked op (reference path for fp32) in prefill and the decode-step
+    op in the cached steps, against the model's own torch path."""
+    eager = _tiny_qwen3_next().to(device)
+    ours = enable(copy.deepcopy(eager))
+    ids = torch.randint(0, 128, (1, 200), generator=torch.Generator().manual_seed(4)).to(device)
+    with torch.no_grad():
+        assert _rel(ours(ids).logits, eager(ids).logits) < 1e-4
+    tokens, gen_logits = _generate(ours, ids)
+    want, _ = _stepwise_logits(eager, ids, tokens)
+    assert _rel(gen_logits, want) < 1e-4
+    calls = op_calls(ours)
+    assert len(calls) == 3 and set(calls.values()) == {1 + NEW_TOKENS}, calls

@@ -4,8 +4,8 @@
   HCA, in prefill and in cached decode, runs through ``torch.ops.dsv4.dsv4_attention``. The
   function is registered as the attention implementation ``"dsv4_attn"``.
 - Qwen3-Next (``model_type == "qwen3_next"``): every Gated DeltaNet layer runs through
-  ``torch.ops.dsv4.chunk_gated_delta_rule`` (with ``use_qk_l2norm_in_kernel``), for the chunked
-  prefill and for the single-token cached decode.
+  ``torch.ops.dsv4.chunk_gated_delta_rule`` (with ``use_qk_l2norm_in_kernel``) for the chunked
+  prefill, and ``torch.ops.dsv4.gated_delta_rule_decode`` for the cached decode steps.
 
 Where the structure comes from (DeepSeek-V4). The attention function receives q, one K = V
 tensor (window rows then compressed rows) and an additive mask. Rather than decode the mask,
@@ -176,7 +176,15 @@ def _gated_delta_rule(module, query, key, value, g, beta, chunk_size=64, initial
                       output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
                       **unused):
     """flash-linear-attention's call convention: q, k (B, T, H, K), v (B, T, HV, V), g and
-    beta (B, T, HV); initial_state (N, HV, K, V). Returns (o, final_state or None)."""
+    beta (B, T, HV); initial_state (N, HV, K, V). Returns (o, final_state or None). A cached
+    step of a few tokens (T <= 4, with a state) runs the decode-step op on a copy of the
+    state; longer calls the chunked op."""
+    if initial_state is not None and cu_seqlens is None and query.shape[1] <= 4:
+        state = initial_state.to(torch.float32, copy=True).contiguous()
+        o = torch.ops.dsv4.gated_delta_rule_decode(
+            query, key, value, g, beta, state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        module._dsv4_calls += 1
+        return o, state if output_final_state else None
     o, final_state = torch.ops.dsv4.chunk_gated_delta_rule(
         query, key, value, g, beta,
         initial_state=initial_state.float() if initial_state is not None else None,
