@@ -1,9 +1,9 @@
 // One decode step of the gated delta rule (README: gated_delta_rule_decode) for T <= 4 tokens
 // per sequence, K = V = 128: one CTA of 128 threads per (sequence, v-head). The K x V state
 // block (contiguous in the pool) arrives in shared memory by one bulk copy and leaves by one, so
-// a few CTAs per SM keep their copies in flight while others compute; thread j owns column j.
-// The state is held in fp32 (a bf16 state is widened on arrival and rounded once on the way
-// out, as the reference path does). Per token t:
+// a few CTAs per SM (three for an fp32 state) keep their copies in flight while others compute;
+// thread j owns column j. The state is held in fp32 (a bf16 state is widened on arrival and
+// rounded once on the way out, as the reference path does). Per token t:
 //   S <- exp(g_t) S;  u_j = beta_t (v_tj - sum_k S_kj k_tk);  S_kj += k_tk u_j;
 //   o_tj = scale sum_k S_kj q_tk.
 // q and k go through shared memory, each l2-normalized there when asked.
