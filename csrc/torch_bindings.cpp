@@ -15,6 +15,7 @@
 #include "ops/entry.h"
 #include "ops/fmha.h"
 #include "ops/gated_delta_decode.h"
+#include "ops/indexer.h"
 #include "ops/kv_cache_fp8.h"
 #include "ops/merge_attn_states.h"
 
@@ -86,6 +87,10 @@ constexpr const char* kGatedDeltaArgs =
     "(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, *, float? scale=None, "
     "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None, "
     "bool use_qk_l2norm_in_kernel=False)";
+constexpr const char* kIndexerArgs =
+    "(Tensor q, Tensor k, Tensor weights, Tensor positions, *, int topk, int compress_ratio, "
+    "float? scale=None, Tensor? k_scale=None, Tensor? cu_seqlens_q=None, "
+    "Tensor? cu_seqlens_k=None, int max_seqlen_q=-1, int max_seqlen_k=-1)";
 constexpr const char* kSimpleGlaArgs =
     "(Tensor q, Tensor k, Tensor v, Tensor g, *, float? scale=None, "
     "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None)";
@@ -109,6 +114,8 @@ constexpr OpSchema kOps[] = {
     // Chunked gated linear attention (64-token chunks).
     {"chunk_gated_delta_rule", kGatedDeltaArgs, "(Tensor o, Tensor? final_state)"},
     {"chunk_simple_gla", kSimpleGlaArgs, "(Tensor o, Tensor? final_state)"},
+    // DeepSeek-V4's lightning indexer: each query's top-k closed compressed rows, int32.
+    {"dsv4_indexer_topk", kIndexerArgs, "Tensor"},
 };
 
 // The paged FP8 KV cache ops (README: "The paged FP8 KV cache"): insert writes into `cache` in
@@ -145,6 +152,8 @@ void implement_all(torch::Library& m) {
   implement<&check_gated_delta_rule_inputs, &chunk_op, &chunk_path, &chunk_plan>(
       m, "chunk_gated_delta_rule");
   implement<&check_simple_gla_inputs, &chunk_op, &chunk_path, &chunk_plan>(m, "chunk_simple_gla");
+  implement<&check_indexer_inputs, &dsv4_indexer_topk, &dsv4_indexer_topk_path,
+            &dsv4_indexer_topk_plan>(m, "dsv4_indexer_topk");
   implement<&check_kv_cache_insert_inputs, &kv_cache_insert_fp8, &kv_cache_insert_fp8_path,
             &kv_cache_insert_fp8_plan>(m, "kv_cache_insert_fp8");
   implement<&check_kv_cache_gather_inputs, &kv_cache_gather_fp8, &kv_cache_gather_fp8_path,
@@ -190,6 +199,7 @@ TORCH_LIBRARY_IMPL(dsv4, Meta, m) {
   implement_check<&check_merge_inputs>(m, "merge_attn_states");
   implement_check<&check_gated_delta_rule_inputs>(m, "chunk_gated_delta_rule");
   implement_check<&check_simple_gla_inputs>(m, "chunk_simple_gla");
+  implement_check<&check_indexer_inputs>(m, "dsv4_indexer_topk");
   implement_check<&check_kv_cache_insert_inputs>(m, "kv_cache_insert_fp8");
   implement_check<&check_kv_cache_gather_inputs>(m, "kv_cache_gather_fp8");
   implement_check<&check_gated_delta_decode_inputs>(m, "gated_delta_rule_decode");

@@ -81,6 +81,10 @@ def cases():
     odd = t(2 * 4096 * 16 * 128 + 1)[1:].view(2, 4096, 16, 128)
     yield "out_a's base not 16-byte aligned", ("merge_attn_states", (odd, lse, out, lse), {})
 
+    yield "indexer: S = 8192, 64 heads x 128, top-512 of 2048 rows", (
+        "dsv4_indexer_topk", (t(1, 8192, 64, 128), t(1, 2048, 128), torch.empty(1, 8192, 64),
+                              torch.empty(1, 8192, dtype=torch.long)),
+        {"topk": 512, "compress_ratio": 4})
     pool = torch.empty(1024, 32, 128, 128)
     yield "decode: B = 64, T = 1, (H, HV) = (16, 32), fp32 pool of 1024", (
         "gated_delta_rule_decode", (t(64, 1, 16, 128), t(64, 1, 16, 128), t(64, 1, 32, 128),

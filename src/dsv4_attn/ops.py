@@ -233,6 +233,42 @@ def kv_cache_gather_fp8_path(cache: Tensor, slots: Tensor, dtype: torch.dtype = 
     return _ops.kv_cache_gather_fp8_path(cache, slots, dtype)
 
 
+def dsv4_indexer_topk(
+    q: Tensor,
+    k: Tensor,
+    weights: Tensor,
+    positions: Tensor,
+    *,
+    topk: int,
+    compress_ratio: int,
+    scale: Optional[float] = None,
+    k_scale: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
+    max_seqlen_q: int = -1,
+    max_seqlen_k: int = -1,
+) -> Tensor:
+    """DeepSeek-V4's lightning indexer: each query's top-k closed compressed rows.
+
+    Dense: q (B, Sq, H, D), k (B, Sc, D), weights (B, Sq, H), positions (B, Sq) int32/int64.
+    Varlen (both cu_seqlens): q (T, H, D), k (total_c, D), weights (T, H), positions (T,).
+    score(i, s) = sum_h weights[i, h] ReLU(scale q[i, h] . k[s]) over the closed rows
+    s < min(Sc, (p + 1) // compress_ratio); fp8 q and k take k_scale (one fp32 per row of k).
+    Returns int32 (..., topk): the best rows first, ties to the lower row, then -1. This is
+    dsv4_attention's topk_indices.
+    """
+    return _ops.dsv4_indexer_topk(q, k, weights, positions, topk=topk,
+                                  compress_ratio=compress_ratio, scale=scale, k_scale=k_scale,
+                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                  max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
+def dsv4_indexer_topk_path(q: Tensor, k: Tensor, weights: Tensor, positions: Tensor,
+                           **kwargs) -> str:
+    """Name of the implementation dsv4_indexer_topk would run for these arguments."""
+    return _ops.dsv4_indexer_topk_path(q, k, weights, positions, **kwargs)
+
+
 def gated_delta_rule_decode(
     q: Tensor,
     k: Tensor,
@@ -268,7 +304,7 @@ def launch_plan(op: str, *args, **kwargs) -> str:
     """The decisions an op would launch with for these arguments: "sm90 <family> <decisions>"
     (the kernel family, tile shape, splits, grid, ...) or "reference: <why not sm90>". op is
     the op's name ("fmha", "dsv4_attention", "merge_attn_states", "chunk_gated_delta_rule",
-    "chunk_simple_gla", "gated_delta_rule_decode", "kv_cache_insert_fp8",
+    "chunk_simple_gla", "dsv4_indexer_topk", "gated_delta_rule_decode", "kv_cache_insert_fp8",
     "kv_cache_gather_fp8"); the arguments are the op's. With DSV4_PLAN_ASSUME_SM90=N set, it plans
     for an sm_90 GPU of N SMs whatever the tensors' device (for tests without a GPU)."""
     return getattr(_ops, f"_{op}_plan")(*args, **kwargs)
@@ -404,3 +440,16 @@ def _gated_delta_rule_decode_fake(q, k, v, g, beta, state, *, state_indices=None
                state_indices=state_indices, scale=scale,
                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     return v.new_empty(v.shape)
+
+
+@torch.library.register_fake("dsv4::dsv4_indexer_topk")
+def _dsv4_indexer_topk_fake(q, k, weights, positions, *, topk, compress_ratio, scale=None,
+                            k_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                            max_seqlen_q=-1, max_seqlen_k=-1):
+    _check_same_device("dsv4_indexer_topk", "q", q, k=k, weights=weights, positions=positions,
+                       k_scale=k_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    _run_check(_ops._dsv4_indexer_topk_check, q, k, weights, positions, topk=topk,
+               compress_ratio=compress_ratio, scale=scale, k_scale=k_scale,
+               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    return q.new_empty((*q.shape[:-2], topk), dtype=torch.int32)

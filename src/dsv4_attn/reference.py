@@ -12,7 +12,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["attention", "dsv4_attention", "merge_attn_states", "gated_delta_rule", "simple_gla", "l2norm"]
+__all__ = ["attention", "dsv4_attention", "merge_attn_states", "gated_delta_rule", "simple_gla", "l2norm",
+           "indexer_scores", "indexer_topk"]
 
 
 def _f64(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -332,3 +333,53 @@ def simple_gla(
     """
     return _recurrence(q, k, v, g, None, scale, initial_state, cu_seqlens,
                        "reference.simple_gla")
+
+
+# ----------------------------------------------------------------------------- lightning indexer
+
+
+def indexer_scores(q: Tensor, k: Tensor, weights: Tensor, positions: Tensor, compress_ratio: int,
+                   scale: Optional[float] = None, k_scale: Optional[Tensor] = None) -> Tensor:
+    """One sequence's indexer scores, float64 (Sq, Sc): sum_h weights[i, h] ReLU(scale
+    q[i, h] . k[s]) (k rows times k_scale), and -inf where row s is not closed for query i
+    (s >= min(Sc, (p_i + 1) // compress_ratio)). q (Sq, H, D), k (Sc, D), weights (Sq, H)."""
+    qf, kf, wf = _f64(q), _f64(k), _f64(weights)
+    if k_scale is not None:
+        kf = kf * _f64(k_scale)[:, None]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    per_head = torch.relu(torch.einsum("ihd,sd->ihs", qf, kf) * scale)
+    score = (per_head * wf[:, :, None]).sum(1)
+    closed = torch.clamp((positions.detach().cpu().long() + 1) // compress_ratio, 0, kf.shape[0])
+    visible = torch.arange(kf.shape[0])[None, :] < closed[:, None]
+    return score.masked_fill(~visible, -math.inf)
+
+
+def _topk_rows(score: Tensor, topk: int) -> Tensor:
+    """Row indices by score, best first, ties to the lower row, -1 past the visible rows."""
+    out = torch.full((score.shape[0], topk), -1, dtype=torch.int32)
+    for i in range(score.shape[0]):
+        rows = sorted((s for s in range(score.shape[1]) if score[i, s] > -math.inf),
+                      key=lambda s: (-score[i, s].item(), s))[:topk]
+        out[i, :len(rows)] = torch.tensor(rows, dtype=torch.int32)
+    return out
+
+
+def indexer_topk(q: Tensor, k: Tensor, weights: Tensor, positions: Tensor, *, topk: int,
+                 compress_ratio: int, scale: Optional[float] = None,
+                 k_scale: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                 cu_seqlens_k: Optional[Tensor] = None) -> Tensor:
+    """The oracle of dsv4_indexer_topk, in float64: int32 (B, Sq, topk) dense or (T, topk)
+    varlen (cu_seqlens over queries and over compressed rows)."""
+    if cu_seqlens_q is None:
+        return torch.stack([
+            _topk_rows(indexer_scores(q[b], k[b], weights[b], positions[b], compress_ratio, scale,
+                                      None if k_scale is None else k_scale[b]), topk)
+            for b in range(q.shape[0])]) if q.shape[0] else torch.empty(0, q.shape[1], topk,
+                                                                       dtype=torch.int32)
+    out = torch.full((q.shape[0], topk), -1, dtype=torch.int32)
+    for (q0, q1), (k0, k1) in zip(_seq_bounds(cu_seqlens_q), _seq_bounds(cu_seqlens_k)):
+        if q1 > q0:
+            out[q0:q1] = _topk_rows(indexer_scores(
+                q[q0:q1], k[k0:k1], weights[q0:q1], positions[q0:q1], compress_ratio, scale,
+                None if k_scale is None else k_scale[k0:k1]), topk)
+    return out
