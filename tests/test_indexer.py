@@ -10,9 +10,12 @@ import torch
 import dsv4_attn
 from dsv4_attn import reference as ref
 
+from conftest import randn
+
 
 def _ints(gen, *shape, device, lo=-2, hi=3):
-    return torch.randint(lo, hi, shape, generator=gen, device=device).float()
+    """Small integers drawn on CPU from `gen` (a CPU generator), then moved."""
+    return torch.randint(lo, hi, shape, generator=gen).float().to(device)
 
 
 def _case(gen, device, b, sq, sc, h, d, dtype=torch.float32):
@@ -45,9 +48,9 @@ def test_indexer_random_scores_select_the_oracles_best(gen, device):
     """Gaussian inputs: fp32 and float64 may order near-equal scores differently, so each
     chosen row's float64 score must be within rounding of the oracle's at the same rank."""
     b, sq, sc, h, d, topk = 1, 40, 100, 8, 64, 16
-    q = torch.randn(b, sq, h, d, generator=gen, device=device)
-    k = torch.randn(b, sc, d, generator=gen, device=device)
-    w = torch.randn(b, sq, h, generator=gen, device=device)
+    q = randn(gen, b, sq, h, d, dtype=torch.float32, device=device)
+    k = randn(gen, b, sc, d, dtype=torch.float32, device=device)
+    w = randn(gen, b, sq, h, dtype=torch.float32, device=device)
     pos = torch.arange(sq, device=device)[None] + 4 * sc - sq
     got = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, topk=topk, compress_ratio=4).cpu()
     score = ref.indexer_scores(q[0], k[0], w[0], pos[0], 4)
@@ -83,7 +86,7 @@ def test_indexer_varlen_equals_dense_calls(gen, device):
 def test_indexer_fp8_with_row_scales(gen, device):
     q, k, w, pos = _case(gen, device, 1, 24, 40, 2, 16)
     # Powers of two keep the scores exact, so the tie rule is checked exactly here too.
-    k_scale = torch.exp2(torch.randint(-1, 2, (1, 40), generator=gen, device=device).float())
+    k_scale = torch.exp2(_ints(gen, 1, 40, device=device, lo=-1, hi=2))
     q8, k8 = q.to(torch.float8_e4m3fn), k.to(torch.float8_e4m3fn)
     got = dsv4_attn.dsv4_indexer_topk(q8, k8, w, pos, topk=10, compress_ratio=4, k_scale=k_scale)
     want = ref.indexer_topk(q8.float(), k8.float(), w, pos, topk=10, compress_ratio=4,
@@ -97,9 +100,9 @@ def test_indexer_output_feeds_dsv4_attention(gen, device):
     q, k, w, _ = _case(gen, device, 1, sq, sc, h, 16)
     pos = torch.arange(sq, device=device)[None]
     idx = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, topk=8, compress_ratio=4)
-    qa = torch.randn(1, sq, 2, 64, generator=gen, device=device)
-    kv = torch.randn(1, sq, 64, generator=gen, device=device)
-    comp = torch.randn(1, sc, 64, generator=gen, device=device)
+    qa = randn(gen, 1, sq, 2, 64, dtype=torch.float32, device=device)
+    kv = randn(gen, 1, sq, 64, dtype=torch.float32, device=device)
+    comp = randn(gen, 1, sc, 64, dtype=torch.float32, device=device)
     out = dsv4_attn.dsv4_attention(qa, kv, compressed_kv=comp, compress_ratio=4, topk_indices=idx,
                                    window=16)
     want, _ = ref.dsv4_attention(qa, kv, compressed_kv=comp, compress_ratio=4, topk_indices=idx,
