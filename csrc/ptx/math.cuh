@@ -28,12 +28,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// One 16-bit value <-> float, explicitly (torch builds disable the implicit conversions).
+// One bf16, fp16 or fp32 value <-> float, explicitly (torch builds disable the implicit
+// conversions); rounding to nearest even.
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(float x) { return x; }
 template <typename Element>
 __device__ __forceinline__ Element from_float(float x) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+  if constexpr (std::is_same_v<Element, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
     return __float2bfloat16_rn(x);
   } else {
     return __float2half_rn(x);

@@ -11,30 +11,13 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ptx/math.cuh"
 #include "sm90/kv_cache/format.h"
 
 namespace dsv4 {
 
 constexpr int kKvCacheRowsPerBlock = 8;  // warps per CTA
 constexpr int kKvQuantLanes = kKvQuantDims / 16;  // 28
-
-template <typename Element>
-__device__ __forceinline__ float kv_to_float(Element x) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    return __bfloat162float(x);
-  } else {
-    return __half2float(x);
-  }
-}
-
-template <typename Element>
-__device__ __forceinline__ Element kv_from_float(float x) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    return __float2bfloat16_rn(x);
-  } else {
-    return __float2half_rn(x);
-  }
-}
 
 // The record of `slot` in the cache, or nullptr for -1 and slots past the cache.
 template <typename Slot>
@@ -70,7 +53,7 @@ __global__ void __launch_bounds__(kKvCacheRowsPerBlock * 32)
   float x[16], amax = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    x[i] = kv_to_float(in.e[i]);
+    x[i] = ptx::to_float(in.e[i]);
     amax = fmaxf(amax, fabsf(x[i]));
   }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
@@ -150,8 +133,8 @@ __global__ void __launch_bounds__(kKvCacheRowsPerBlock * 32)
     for (int i = 0; i < 8; ++i) {
       const float2 f = __half22float2(
           __half2(__nv_cvt_fp8x2_to_halfraw2(in.pair[i], __NV_E4M3)));
-      res.e[2 * i] = kv_from_float<Element>(f.x * scale);
-      res.e[2 * i + 1] = kv_from_float<Element>(f.y * scale);
+      res.e[2 * i] = ptx::from_float<Element>(f.x * scale);
+      res.e[2 * i + 1] = ptx::from_float<Element>(f.y * scale);
     }
   } else {
     union {
@@ -163,7 +146,7 @@ __global__ void __launch_bounds__(kKvCacheRowsPerBlock * 32)
     in.v[0] = src[0];
     in.v[1] = src[1];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) res.e[i] = kv_from_float<Element>(__bfloat162float(in.b[i]));
+    for (int i = 0; i < 16; ++i) res.e[i] = ptx::from_float<Element>(ptx::to_float(in.b[i]));
   }
   uint4* dst = reinterpret_cast<uint4*>(out + row * kKvDims + lane * 16);
   dst[0] = res.v[0];

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
@@ -30,28 +31,6 @@ constexpr int kDecodeStateFloats = kDecodeDim * kDecodeDim;
 template <typename State>
 constexpr int decode_smem_bytes() {
   return kDecodeStateFloats * (4 + (std::is_same_v<State, float> ? 0 : int(sizeof(State))));
-}
-
-template <typename T>
-__device__ __forceinline__ float decode_to_float(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(x);
-  } else {
-    return __half2float(x);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T decode_from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(x);
-  } else {
-    return __float2half_rn(x);
-  }
 }
 
 // The sum over the CTA's 128 threads (every thread gets it); `scratch` holds 4 floats.
@@ -87,7 +66,7 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
   const int64_t o_row = (int64_t(b) * p.tokens * p.heads_v + hv) * kDecodeDim + j;
   if (slot < 0 || slot >= p.num_states) {  // skipped: o = 0, the state untouched
     for (int t = 0; t < p.tokens; ++t) {
-      o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = decode_from_float<Element>(0.f);
+      o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = ptx::from_float<Element>(0.f);
     }
     return;
   }
@@ -107,15 +86,15 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
   const Element* v = static_cast<const Element*>(p.v);
 #pragma unroll 1
   for (int t = 0; t < p.tokens; ++t) {
-    float qv = decode_to_float(q[b * p.q_stride[0] + t * p.q_stride[1] + h * p.q_stride[2] + j]);
-    float kv = decode_to_float(kp[b * p.k_stride[0] + t * p.k_stride[1] + h * p.k_stride[2] + j]);
+    float qv = ptx::to_float(q[b * p.q_stride[0] + t * p.q_stride[1] + h * p.q_stride[2] + j]);
+    float kv = ptx::to_float(kp[b * p.k_stride[0] + t * p.k_stride[1] + h * p.k_stride[2] + j]);
     if (p.qk_l2norm) {
-      qv = decode_to_float(decode_from_float<Element>(qv * rsqrtf(decode_block_sum(qv * qv, scratch) + 1e-6f)));
-      kv = decode_to_float(decode_from_float<Element>(kv * rsqrtf(decode_block_sum(kv * kv, scratch) + 1e-6f)));
+      qv = ptx::to_float(ptx::from_float<Element>(qv * rsqrtf(decode_block_sum(qv * qv, scratch) + 1e-6f)));
+      kv = ptx::to_float(ptx::from_float<Element>(kv * rsqrtf(decode_block_sum(kv * kv, scratch) + 1e-6f)));
     }
     qs[t][j] = qv;
     ks[t][j] = kv;
-    vs[t][j] = decode_to_float(v[b * p.v_stride[0] + t * p.v_stride[1] + hv * p.v_stride[2] + j]);
+    vs[t][j] = ptx::to_float(v[b * p.v_stride[0] + t * p.v_stride[1] + hv * p.v_stride[2] + j]);
     if (j == 0) {
       const int64_t gi = (int64_t(b) * p.tokens + t) * p.heads_v + hv;
       gs[t] = p.g[gi];
@@ -126,7 +105,7 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
   ptx::mbarrier_wait(full, 0);
   if constexpr (!std::is_same_v<State, float>) {  // widen the staged state (column j: own data)
 #pragma unroll 8
-    for (int k = 0; k < kDecodeDim; ++k) S[k * kDecodeDim + j] = decode_to_float(staged[k * kDecodeDim + j]);
+    for (int k = 0; k < kDecodeDim; ++k) S[k * kDecodeDim + j] = ptx::to_float(staged[k * kDecodeDim + j]);
   }
 #pragma unroll 1
   for (int t = 0; t < p.tokens; ++t) {
@@ -159,11 +138,11 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
       col[3 * kDecodeDim] = x3;
       out = fmaf(x0, qq.x, fmaf(x1, qq.y, fmaf(x2, qq.z, fmaf(x3, qq.w, out))));
     }
-    o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = decode_from_float<Element>(p.scale * out);
+    o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = ptx::from_float<Element>(p.scale * out);
   }
   if constexpr (!std::is_same_v<State, float>) {
 #pragma unroll 8
-    for (int k = 0; k < kDecodeDim; ++k) staged[k * kDecodeDim + j] = decode_from_float<State>(S[k * kDecodeDim + j]);
+    for (int k = 0; k < kDecodeDim; ++k) staged[k * kDecodeDim + j] = ptx::from_float<State>(S[k * kDecodeDim + j]);
   }
   ptx::fence_proxy_async_smem();  // the bulk store reads what the threads wrote
   __syncthreads();
