@@ -41,4 +41,9 @@ std::string chunk_plan(const ChunkCall& call);
 // (N, HV, K, V) fp32, or an undefined tensor when not asked for.
 at::Tensor chunk_reference(const ChunkCall& call, at::Tensor& o);
 
+// flash-linear-attention's l2norm (use_qk_l2norm_in_kernel): x / sqrt(sum x^2 + 1e-6) over the
+// last dim, computed in fp32 and rounded back to x's dtype. The decode step's reference uses
+// it too.
+at::Tensor l2norm_rows(const at::Tensor& x);
+
 }  // namespace dsv4

@@ -90,14 +90,12 @@ at::Tensor chunk_dense(const ChunkCall& c, const at::Tensor& q, const at::Tensor
   return o.permute({0, 2, 3, 1, 4}).reshape({B, nc * C, HV, V}).narrow(1, 0, T);
 }
 
-// flash-linear-attention's l2norm: x / sqrt(sum x^2 + 1e-6) over the last dim, computed in
-// fp32 and rounded back to x's dtype.
+}  // namespace
+
 at::Tensor l2norm_rows(const at::Tensor& x) {
   const at::Tensor f = x.to(at::kFloat);
   return (f * f.square().sum(-1, /*keepdim=*/true).add_(1e-6).rsqrt_()).to(x.scalar_type());
 }
-
-}  // namespace
 
 at::Tensor chunk_reference(const ChunkCall& c, at::Tensor& o) {
   const at::Tensor q = c.qk_l2norm ? l2norm_rows(c.q) : c.q;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "ops/checks.h"
+#include "ops/chunk.h"
 
 namespace dsv4 {
 namespace {
@@ -15,8 +16,7 @@ constexpr const char* kOp = "gated_delta_rule_decode";
 // q or k (B, T, H, D) -> fp32 (B, T, HV, D), each v-head reading qk-head hv / (HV / H), first
 // l2-normalized over D and rounded to the input's dtype when asked (the chunk op's rule).
 at::Tensor per_v_head(const at::Tensor& x, int64_t heads_v, bool l2norm) {
-  at::Tensor f = x.to(at::kFloat);
-  if (l2norm) f = (f * at::rsqrt((f * f).sum(-1, true) + 1e-6)).to(x.scalar_type()).to(at::kFloat);
+  const at::Tensor f = (l2norm ? l2norm_rows(x) : x).to(at::kFloat);
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
   if (H == heads_v) return f;
   return f.unsqueeze(3).expand({B, T, H, heads_v / H, D}).reshape({B, T, heads_v, D});
