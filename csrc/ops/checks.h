@@ -62,13 +62,24 @@ inline void check_last_dim_contiguous(const char* op, const char* name, const at
               " must be contiguous in its last dim (got stride ", t.stride(-1), ")");
 }
 
-// q, k, v: defined, bf16 or fp16 alike, on one device.
+// bf16, fp16 or fp32 (an op whose fp32 calls take the reference path).
+inline void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf ||
+                  t.scalar_type() == at::kFloat,
+              op, ": ", name, " must be bf16, fp16 or fp32 (got ", t.scalar_type(), ")");
+}
+
+// q, k, v: defined, bf16 or fp16 alike (with allow_fp32, fp32 too), on one device.
 inline void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k,
-                      const at::Tensor& v) {
+                      const at::Tensor& v, bool allow_fp32 = false) {
   check_defined(op, "q", q);
   check_defined(op, "k", k);
   check_defined(op, "v", v);
-  check_half_dtype(op, "q", q);
+  if (allow_fp32) {
+    check_float_dtype(op, "q", q);
+  } else {
+    check_half_dtype(op, "q", q);
+  }
   check_same_dtype(op, "k", k, "q", q);
   check_same_dtype(op, "v", v, "q", q);
   check_same_device(op, "k", k, "q", q);

@@ -18,17 +18,7 @@ ChunkCall check_chunk_inputs(const char* op, ChunkRule rule, const at::Tensor& q
                              const std::optional<at::Tensor>& initial_state,
                              bool output_final_state,
                              const std::optional<at::Tensor>& cu_seqlens) {
-  check_defined(op, "q", q);
-  check_defined(op, "k", k);
-  check_defined(op, "v", v);
-  // fp32 runs on the reference path (the sm90 kernels take bf16 and fp16).
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf ||
-                  q.scalar_type() == at::kFloat,
-              op, ": q must be bf16, fp16 or fp32 (got ", q.scalar_type(), ")");
-  check_same_dtype(op, "k", k, "q", q);
-  check_same_dtype(op, "v", v, "q", q);
-  check_same_device(op, "k", k, "q", q);
-  check_same_device(op, "v", v, "q", q);
+  check_qkv(op, q, k, v, /*allow_fp32=*/true);  // fp32: the reference path
   check_defined(op, "g", g);
   check_same_device(op, "g", g, "q", q);
   check_dim(op, "q", q, 4, "(B, T, H, K)");

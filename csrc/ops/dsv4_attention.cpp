@@ -42,9 +42,7 @@ Dsv4Call check_dsv4_inputs(const at::Tensor& q, const at::Tensor& kv,
   check_defined(kOp, "q", q);
   check_defined(kOp, "kv", kv);
   // fp32 runs on the reference path (for fp32 models); the kernel takes bf16 and fp16.
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf ||
-                  q.scalar_type() == at::kFloat,
-              kOp, ": q must be bf16, fp16 or fp32 (got ", q.scalar_type(), ")");
+  check_float_dtype(kOp, "q", q);
   check_same_dtype(kOp, "kv", kv, "q", q);
   check_same_device(kOp, "kv", kv, "q", q);
   const bool has_c = compressed_kv.has_value();

@@ -34,16 +34,7 @@ GatedDeltaDecodeCall check_gated_delta_decode_inputs(
     const at::Tensor& beta, const at::Tensor& state,
     const std::optional<at::Tensor>& state_indices, std::optional<double> scale,
     bool use_qk_l2norm_in_kernel) {
-  check_defined(kOp, "q", q);
-  check_defined(kOp, "k", k);
-  check_defined(kOp, "v", v);
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf ||
-                  q.scalar_type() == at::kFloat,
-              kOp, ": q must be bf16, fp16 or fp32 (got ", q.scalar_type(), ")");
-  check_same_dtype(kOp, "k", k, "q", q);
-  check_same_dtype(kOp, "v", v, "q", q);
-  check_same_device(kOp, "k", k, "q", q);
-  check_same_device(kOp, "v", v, "q", q);
+  check_qkv(kOp, q, k, v, /*allow_fp32=*/true);
   check_dim(kOp, "q", q, 4, "(B, T, H, K)");
   check_dim(kOp, "v", v, 4, "(B, T, HV, V)");
   TORCH_CHECK(k.sizes() == q.sizes(), kOp, ": k must have q's shape ", shape_str(q), " (got ",

@@ -27,9 +27,7 @@ MergeCall check_merge_inputs(const at::Tensor& out_a, const at::Tensor& lse_a,
   check_defined(kOp, "lse_a", lse_a);
   check_defined(kOp, "out_b", out_b);
   check_defined(kOp, "lse_b", lse_b);
-  TORCH_CHECK(out_a.scalar_type() == at::kBFloat16 || out_a.scalar_type() == at::kHalf ||
-                  out_a.scalar_type() == at::kFloat,
-              kOp, ": out_a must be bf16, fp16 or fp32 (got ", out_a.scalar_type(), ")");
+  check_float_dtype(kOp, "out_a", out_a);
   check_same_dtype(kOp, "out_b", out_b, "out_a", out_a);
   check_dtype(kOp, "lse_a", lse_a, at::kFloat);
   check_dtype(kOp, "lse_b", lse_b, at::kFloat);
