@@ -12,6 +12,7 @@
 #include "generated/build_info.h"  // written by setup.py
 #include "ops/chunk.h"
 #include "ops/dsv4_attention.h"
+#include "ops/dsv4_attention_paged.h"
 #include "ops/entry.h"
 #include "ops/fmha.h"
 #include "ops/gated_delta_decode.h"
@@ -122,6 +123,11 @@ constexpr OpSchema kOps[] = {
 // place; each has the same three twins as the compute ops.
 constexpr const char* kKvInsertArgs = "(Tensor kv, Tensor cache, Tensor slots)";
 constexpr const char* kKvGatherArgs = "(Tensor cache, Tensor slots, ScalarType dtype)";
+// dsv4_attention over the paged FP8 caches: writes `out` in place, returns lse (Hq, T).
+constexpr const char* kDsv4PagedArgs =
+    "(Tensor q, Tensor window_cache, Tensor window_slots, *, Tensor? window_lengths=None, "
+    "Tensor? compressed_cache=None, Tensor? compressed_slots=None, "
+    "Tensor? compressed_lengths=None, Tensor? sinks=None, float? scale=None, Tensor out)";
 // The gated delta rule's decode step: updates `state` in place, returns o.
 constexpr const char* kDecodeArgs =
     "(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor state, *, "
@@ -161,6 +167,8 @@ void implement_all(torch::Library& m) {
   implement<&check_gated_delta_decode_inputs, &gated_delta_rule_decode,
             &gated_delta_rule_decode_path, &gated_delta_rule_decode_plan>(
       m, "gated_delta_rule_decode");
+  implement<&check_dsv4_paged_inputs, &dsv4_attention_paged, &dsv4_attention_paged_path,
+            &dsv4_attention_paged_plan>(m, "dsv4_attention_paged");
 }
 }  // namespace
 
@@ -179,9 +187,14 @@ TORCH_LIBRARY(dsv4, m) {
   m.def("gated_delta_rule_decode(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, "
         "Tensor(a!) state, *, Tensor? state_indices=None, float? scale=None, "
         "bool use_qk_l2norm_in_kernel=False) -> Tensor");
+  m.def("dsv4_attention_paged(Tensor q, Tensor window_cache, Tensor window_slots, *, "
+        "Tensor? window_lengths=None, Tensor? compressed_cache=None, "
+        "Tensor? compressed_slots=None, Tensor? compressed_lengths=None, Tensor? sinks=None, "
+        "float? scale=None, Tensor(a!) out) -> Tensor");
   for (const auto& [name, args] : {std::pair{"kv_cache_insert_fp8", kKvInsertArgs},
                                    std::pair{"kv_cache_gather_fp8", kKvGatherArgs},
-                                   std::pair{"gated_delta_rule_decode", kDecodeArgs}}) {
+                                   std::pair{"gated_delta_rule_decode", kDecodeArgs},
+                                   std::pair{"dsv4_attention_paged", kDsv4PagedArgs}}) {
     m.def(("_" + std::string(name) + "_check" + args + " -> ()").c_str());
     m.def((std::string(name) + "_path" + args + " -> str").c_str());
     m.def(("_" + std::string(name) + "_plan" + args + " -> str").c_str());
@@ -203,10 +216,12 @@ TORCH_LIBRARY_IMPL(dsv4, Meta, m) {
   implement_check<&check_kv_cache_insert_inputs>(m, "kv_cache_insert_fp8");
   implement_check<&check_kv_cache_gather_inputs>(m, "kv_cache_gather_fp8");
   implement_check<&check_gated_delta_decode_inputs>(m, "gated_delta_rule_decode");
+  implement_check<&check_dsv4_paged_inputs>(m, "dsv4_attention_paged");
 }
 
 TORCH_LIBRARY_IMPL(dsv4, Autograd, m) {
-  for (const char* name : {"kv_cache_insert_fp8", "kv_cache_gather_fp8", "gated_delta_rule_decode"}) {
+  for (const char* name : {"kv_cache_insert_fp8", "kv_cache_gather_fp8", "gated_delta_rule_decode",
+                           "dsv4_attention_paged"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&forward_only>());
   }
   for (const OpSchema& op : kOps) {

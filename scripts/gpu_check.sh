@@ -14,7 +14,8 @@
 #                                             benchmarks/ab/ab_ops.py checks bitwise outputs and
 #                                             times both builds)
 # FlashAttention-3 joins bench_fmha and bench_dsv4 when .peers/fmha is carried, FlashQLA and fla
-# join bench_chunk when .peers/gla is (see ../shared/peers/fetch.sh).
+# join bench_chunk when .peers/gla is, FlashMLA joins the tests and bench_dsv4 when .peers/mla is
+# (see ../shared/peers/fetch.sh).
 # Each bench also writes its status block for benchmarks/RESULTS.md; they are collected in
 # $OUT/status.md, which `python3 benchmarks/update_status.py status.md` puts into RESULTS.md
 # here. The blocks name $DSV4_COMMIT, else the commit git reports here: the GPU machine's copy of
@@ -98,6 +99,9 @@ run_tests() {
   [ "$rc" -ne 0 ] && return "$rc"
   return "$rc_cpu"
 }
+# FlashMLA joins the tests too (test_flash_mla_compat checks the compat module against it).
+# shellcheck disable=SC1091
+[ -f .peers/mla/env.sh ] && source .peers/mla/env.sh
 [ "$RUN_TESTS" = 1 ] && step tests pytest.log run_tests
 if [ "$SANITIZE" = 1 ]; then
   sanitize() {  # sanitize TOOL: every sanitizer script under one tool, into one log

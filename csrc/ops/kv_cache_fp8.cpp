@@ -8,26 +8,30 @@
 #include "sm90/kv_cache/format.h"
 
 namespace dsv4 {
-namespace {
 
-// cache: a (num_blocks, P, 1, 584) uint8 view of whole blocks of P records, stride(0) bytes apart.
-void check_cache(const char* op, const at::Tensor& cache, const at::Tensor& slots) {
-  check_defined(op, "cache", cache);
-  check_dtype(op, "cache", cache, at::kByte);
-  check_dim(op, "cache", cache, 4, "(num_blocks, P, 1, 584)");
-  check_size(op, "cache", cache, 2, 1, "one KV head");
-  check_size(op, "cache", cache, 3, kKvRecordBytes, "bytes per record");
-  TORCH_CHECK(cache.size(0) >= 1 && cache.size(1) >= 1, op,
-              ": cache must hold at least one block of at least one row (got shape ",
-              shape_str(cache), ")");
+void check_kv_cache(const char* op, const char* name, const at::Tensor& cache) {
+  check_defined(op, name, cache);
+  check_dtype(op, name, cache, at::kByte);
+  check_dim(op, name, cache, 4, "(num_blocks, P, 1, 584)");
+  check_size(op, name, cache, 2, 1, "one KV head");
+  check_size(op, name, cache, 3, kKvRecordBytes, "bytes per record");
+  TORCH_CHECK(cache.size(0) >= 1 && cache.size(1) >= 1, op, ": ", name,
+              " must hold at least one block of at least one row (got shape ", shape_str(cache),
+              ")");
   TORCH_CHECK(cache.stride(3) == 1 && (cache.size(1) == 1 || cache.stride(1) == kKvRecordBytes), op,
-              ": cache must be a view of whole blocks, strides (block bytes, 584, any, 1) (got ",
+              ": ", name, " must be a view of whole blocks, strides (block bytes, 584, any, 1) (got ",
               cache.strides(), ")");
   const int64_t need = kv_block_bytes(cache.size(1));
   TORCH_CHECK(cache.size(0) == 1 || (cache.stride(0) >= cache.size(1) * kKvRecordBytes &&
                                       cache.stride(0) % kKvDataBytes == 0),
-              op, ": cache.stride(0) (bytes per block) must be a multiple of 576 of at least P * 584 = ",
+              op, ": ", name, ".stride(0) (bytes per block) must be a multiple of 576 of at least P * 584 = ",
               cache.size(1) * kKvRecordBytes, " (", need, " when padded) (got ", cache.stride(0), ")");
+}
+
+namespace {
+
+void check_cache(const char* op, const at::Tensor& cache, const at::Tensor& slots) {
+  check_kv_cache(op, "cache", cache);
   check_defined(op, "slots", slots);
   check_same_device(op, "slots", slots, "cache", cache);
   TORCH_CHECK(slots.scalar_type() == at::kInt || slots.scalar_type() == at::kLong, op,

@@ -13,6 +13,10 @@ namespace dsv4 {
 
 using KvCacheCall = KvCacheProblem;
 
+// cache (the argument `name` of op): a (num_blocks, P, 1, 584) uint8 view of whole blocks of P
+// records, stride(0) bytes apart (format.h).
+void check_kv_cache(const char* op, const char* name, const at::Tensor& cache);
+
 // The ops' arguments, in schema order (torch_bindings.cpp).
 KvCacheCall check_kv_cache_insert_inputs(const at::Tensor& kv, const at::Tensor& cache,
                                          const at::Tensor& slots);

@@ -3,7 +3,8 @@
 DeepSeek-V4-like attention: Hq = 64 or 128 query heads over one shared KV head of width 512
 (K and V are the same tensor), scale 1/sqrt(512), a causal window of 128 keys
 (window_left = 127) plus per-head sinks; a chunked prefill (Sq < Sk); a non-causal pass over a
-"compressed" KV segment; and the window and compressed passes merged by merge_attn_states.
+"compressed" KV segment; the window and compressed passes merged by merge_attn_states; and a
+CSA decode step read from the paged FP8 caches (dsv4_attention_paged).
 Qwen3-Next-like linear attention: chunk_gated_delta_rule and chunk_simple_gla with H = 16
 qk-heads, HV = 32 v-heads, K = V = 128, an initial state and the final state.
 
@@ -259,6 +260,39 @@ def case_layer(kind, sz, device, dtype) -> Row:
     return row
 
 
+def case_paged_decode(sz, device, dtype) -> Row:
+    """A DeepSeek-V4 CSA decode step from the paged FP8 caches (dsv4_attention_paged): B tokens,
+    Hq = 64, each with a window list of 128 and a top-K list over its own pages, the sink.
+    Parity: the float64 oracle (which decodes the cache bytes itself) on the first 2 tokens."""
+    b, hq, w, k, p = (64 if device.type == "cuda" else 8), 64, 128, sz.topk, 64
+
+    def cache(rows):
+        blocks = (rows + p - 1) // p
+        stride = (p * 584 + 575) // 576 * 576
+        c = torch.zeros(blocks * stride, dtype=torch.uint8, device=device).as_strided(
+            (blocks, p, 1, 584), (stride, 584, 584, 1))
+        dsv4.kv_cache_insert_fp8(randn(blocks * p, 512, dtype=dtype, device=device), c,
+                                 torch.arange(blocks * p, device=device))
+        return c
+    window_cache, c_cache = cache(b * w), cache(b * 4 * k)
+    q = randn(b, hq, 512, dtype=dtype, device=device)
+    ws = torch.arange(b * w, device=device, dtype=torch.int32).view(b, w)
+    cs = torch.stack([torch.randperm(4 * k, device=device)[:k] + i * 4 * k for i in range(b)])
+    kw = dict(compressed_cache=c_cache, compressed_slots=cs.to(torch.int32),
+              sinks=randn(hq, dtype=torch.float32, device=device), scale=512 ** -0.5)
+    path = dsv4.dsv4_attention_paged_path(q, window_cache, ws, **kw)
+    out, _ = dsv4.dsv4_attention_paged(q, window_cache, ws, **kw)
+    m = 2
+    first = dict(kw, compressed_slots=kw["compressed_slots"][:m])
+    ref, _ = reference.dsv4_attention_paged(q[:m], window_cache, ws[:m], **first)
+    rel, mx = errors(out[:m], ref)
+    row = Row(f"v4 paged FP8 decode B={b} Hq={hq} window {w} + top-{k}", path,
+              f"oracle f64 first {m} tokens", rel, mx)
+    row.ours_ms = time_ms(lambda: dsv4.dsv4_attention_paged(q, window_cache, ws, **kw), device,
+                          sz.warmup, sz.rep)
+    return row
+
+
 # ----------------------------------------------------------------------------- Qwen3-Next-like
 
 
@@ -368,6 +402,7 @@ def main(argv=None) -> int:
                                 sz.seq, sz.compressed, 64, sz, device, dtype),
         lambda: case_merge(f"v4 merge window+compressed S={sz.seq} Hq=64", 1, sz.seq,
                            sz.compressed, 64, sz, device, dtype),
+        lambda: case_paged_decode(sz, device, dtype),
         lambda: case_linear("gdr", sz, device, dtype),
         lambda: case_linear("gla", sz, device, dtype),
     ]

@@ -233,6 +233,48 @@ def kv_cache_gather_fp8_path(cache: Tensor, slots: Tensor, dtype: torch.dtype = 
     return _ops.kv_cache_gather_fp8_path(cache, slots, dtype)
 
 
+def dsv4_attention_paged(
+    q: Tensor,
+    window_cache: Tensor,
+    window_slots: Tensor,
+    *,
+    window_lengths: Optional[Tensor] = None,
+    compressed_cache: Optional[Tensor] = None,
+    compressed_slots: Optional[Tensor] = None,
+    compressed_lengths: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+    out: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """One DeepSeek-V4 attention layer over the paged FP8 KV caches (README, "The paged FP8 KV
+    cache"): query token t attends to the rows its slot lists name, in one softmax with the sink.
+
+    q (T, Hq, 512) bf16/fp16; window_cache (and compressed_cache) a (num_blocks, P, 1, 584)
+    uint8 view; *_slots (T, L) int32 global slots; *_lengths (T,) int32. Entry j of token t's
+    list is read iff j < lengths[t] (no lengths: every entry) and 0 <= slot < num_blocks * P;
+    a repeated slot counts twice. sinks (Hq,) fp32. out, if given, is written (contiguous, q's
+    shape and dtype). Returns (out, lse): lse fp32 (Hq, T) is log Σ exp(scale q·k) over the
+    rows read, without the sink; -inf where none is read (out is then 0).
+    """
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = _ops.dsv4_attention_paged(q, window_cache, window_slots, window_lengths=window_lengths,
+                                    compressed_cache=compressed_cache,
+                                    compressed_slots=compressed_slots,
+                                    compressed_lengths=compressed_lengths, sinks=sinks,
+                                    scale=scale, out=out)
+    return out, lse
+
+
+def dsv4_attention_paged_path(q: Tensor, window_cache: Tensor, window_slots: Tensor,
+                              **kwargs) -> str:
+    """Name of the implementation dsv4_attention_paged would run for these arguments (out is
+    optional here)."""
+    if kwargs.get("out") is None:
+        kwargs["out"] = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return _ops.dsv4_attention_paged_path(q, window_cache, window_slots, **kwargs)
+
+
 def dsv4_indexer_topk(
     q: Tensor,
     k: Tensor,
@@ -305,7 +347,7 @@ def launch_plan(op: str, *args, **kwargs) -> str:
     (the kernel family, tile shape, splits, grid, ...) or "reference: <why not sm90>". op is
     the op's name ("fmha", "dsv4_attention", "merge_attn_states", "chunk_gated_delta_rule",
     "chunk_simple_gla", "dsv4_indexer_topk", "gated_delta_rule_decode", "kv_cache_insert_fp8",
-    "kv_cache_gather_fp8"); the arguments are the op's. With DSV4_PLAN_ASSUME_SM90=N set, it plans
+    "kv_cache_gather_fp8", "dsv4_attention_paged"); the arguments are the op's. With DSV4_PLAN_ASSUME_SM90=N set, it plans
     for an sm_90 GPU of N SMs whatever the tensors' device (for tests without a GPU)."""
     return getattr(_ops, f"_{op}_plan")(*args, **kwargs)
 
@@ -440,6 +482,21 @@ def _gated_delta_rule_decode_fake(q, k, v, g, beta, state, *, state_indices=None
                state_indices=state_indices, scale=scale,
                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     return v.new_empty(v.shape)
+
+
+@torch.library.register_fake("dsv4::dsv4_attention_paged")
+def _dsv4_attention_paged_fake(q, window_cache, window_slots, *, window_lengths=None,
+                               compressed_cache=None, compressed_slots=None,
+                               compressed_lengths=None, sinks=None, scale=None, out):
+    _check_same_device("dsv4_attention_paged", "q", q, window_cache=window_cache,
+                       window_slots=window_slots, window_lengths=window_lengths,
+                       compressed_cache=compressed_cache, compressed_slots=compressed_slots,
+                       compressed_lengths=compressed_lengths, sinks=sinks, out=out)
+    _run_check(_ops._dsv4_attention_paged_check, q, window_cache, window_slots,
+               window_lengths=window_lengths, compressed_cache=compressed_cache,
+               compressed_slots=compressed_slots, compressed_lengths=compressed_lengths,
+               sinks=sinks, scale=scale, out=out)
+    return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 @torch.library.register_fake("dsv4::dsv4_indexer_topk")

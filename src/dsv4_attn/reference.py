@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["attention", "dsv4_attention", "merge_attn_states", "gated_delta_rule", "simple_gla", "l2norm",
-           "indexer_scores", "indexer_topk"]
+           "indexer_scores", "indexer_topk", "kv_cache_rows", "dsv4_attention_paged"]
 
 
 def _f64(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -224,6 +224,83 @@ def dsv4_attention(
                            None if topk is None else topk[q0:q1])
         out[q0:q1] = o_seq
         lse[:, q0:q1] = l_seq
+    return out, lse
+
+
+# ----------------------------------------------------------------------------- paged FP8 KV cache
+
+
+def kv_cache_rows(cache: Tensor, slots) -> Tensor:
+    """The float64 rows (N, 512) that global slots name in a paged FP8 cache (README, "The
+    paged FP8 KV cache"), decoded from the bytes: 448 float8_e4m3 values times their tile's
+    2^(byte - 127), then 64 bf16 values. Every slot must be in range."""
+    slots = [int(x) for x in slots]
+    page = cache.shape[1]
+    blocks = cache.detach().cpu()
+    rows = torch.zeros(len(slots), 512, dtype=torch.float64)
+    for i, slot in enumerate(slots):
+        block = blocks[slot // page]
+        flat = block.as_strided((block.shape[0] * 584,), (1,))  # the block's records, unpadded
+        row = slot % page
+        data = flat[row * 576:(row + 1) * 576]
+        exps = flat[page * 576 + row * 8:page * 576 + row * 8 + 7].to(torch.float64) - 127
+        fp8 = data[:448].view(torch.float8_e4m3fn).to(torch.float64).view(7, 64)
+        rows[i, :448] = (fp8 * torch.exp2(exps).view(7, 1)).reshape(448)
+        rows[i, 448:] = data[448:].clone().view(torch.bfloat16).to(torch.float64)
+    return rows
+
+
+def dsv4_attention_paged(
+    q: Tensor,
+    window_cache: Tensor,
+    window_slots: Tensor,
+    *,
+    window_lengths: Optional[Tensor] = None,
+    compressed_cache: Optional[Tensor] = None,
+    compressed_slots: Optional[Tensor] = None,
+    compressed_lengths: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
+    scale: Optional[float] = None,
+) -> Tuple[Tensor, Tensor]:
+    """The oracle of dsv4.dsv4_attention_paged, token by token in float64.
+
+    Token t reads entry j of a list iff j < lengths[t] and 0 <= slot < num_blocks * P (repeats
+    count again); one softmax over those rows (keys and values) and the per-head sink. Returns
+    out (T, H, 512) and lse (H, T) without the sink (-inf where nothing is read)."""
+    q, sinks = _f64(q), _f64(sinks)
+    T, H, D = q.shape
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    lists = [(window_cache, window_slots, window_lengths)]
+    if compressed_cache is not None:
+        lists.append((compressed_cache, compressed_slots, compressed_lengths))
+    rows = {}
+
+    def decoded(cache, slot):
+        if (id(cache), slot) not in rows:
+            rows[(id(cache), slot)] = kv_cache_rows(cache, [slot])[0]
+        return rows[(id(cache), slot)]
+
+    out = torch.zeros(T, H, D, dtype=torch.float64)
+    lse = torch.full((H, T), -math.inf, dtype=torch.float64)
+    for t in range(T):
+        read = []  # (cache, slot) of every entry token t reads, in list order
+        for cache, slots, lengths in lists:
+            capacity = cache.shape[0] * cache.shape[1]
+            entries = slots[t].tolist()
+            n = len(entries) if lengths is None else max(0, min(len(entries), int(lengths[t])))
+            read += [(cache, s) for s in entries[:n] if 0 <= s < capacity]
+        if not read:
+            continue  # out 0, lse -inf
+        keys = torch.stack([decoded(cache, s) for cache, s in read])  # (n, D)
+        logits = scale * (q[t] @ keys.T)  # (H, n)
+        lse[:, t] = torch.logsumexp(logits, dim=-1)
+        if sinks is not None:  # the sink joins the denominator and carries no value
+            logits = torch.cat([logits, sinks.view(H, 1)], dim=-1)
+        p = torch.softmax(logits, dim=-1)
+        if sinks is not None:  # a sink of +inf takes all the weight
+            p = torch.where(torch.isposinf(sinks).view(H, 1), 0.0, p)
+        out[t] = p[:, :len(read)] @ keys
     return out, lse
 
 

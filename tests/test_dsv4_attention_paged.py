@@ -1,0 +1,204 @@
+"""dsv4.dsv4_attention_paged: DeepSeek-V4 attention over the paged FP8 caches, against the float64
+oracle (reference.dsv4_attention_paged, which decodes the cache's bytes itself), and against
+dsv4_attention on the dequantized rows.
+
+Cases: Hq 1/8/64/128, T = 1, 2, 4 and a prefill chunk, window only or with a compressed cache
+(page sizes 64 and 2), lengths shorter than the lists, empty lists, -1 and out-of-range slots,
+repeated slots, sinks (finite, -inf, +inf), fp16. Each runs on CPU and, gpu-marked, on CUDA.
+"""
+import math
+
+import pytest
+import torch
+
+import dsv4_attn
+from dsv4_attn import reference as ref
+
+from conftest import assert_close_to_ref, assert_lse_close, randn, stable_seed
+
+D, RECORD, DATA = 512, 584, 576
+
+
+def new_cache(num_blocks, p, device):
+    """A (num_blocks, P, 1, 584) view over padded blocks, as an engine allocates it, holding
+    random rows in every slot (inserted by kv_cache_insert_fp8)."""
+    stride = (p * RECORD + DATA - 1) // DATA * DATA
+    raw = torch.zeros(num_blocks * stride, dtype=torch.uint8, device=device)
+    cache = raw.as_strided((num_blocks, p, 1, RECORD), (stride, RECORD, RECORD, 1))
+    gen = torch.Generator().manual_seed(stable_seed(num_blocks, p))
+    rows = torch.randn(num_blocks * p, D, generator=gen).bfloat16().to(device)
+    dsv4_attn.kv_cache_insert_fp8(rows, cache, torch.arange(num_blocks * p, device=device))
+    return cache
+
+
+def slot_lists(gen, t, length, capacity, device, lengths=True):
+    """int32 (T, L) slots drawn over [-1, capacity + 2): -1 and out-of-range entries, and a
+    repeat of entry 0 in the last place; int32 (T,) lengths from 0 to L (or None)."""
+    slots = torch.randint(-1, capacity + 3, (t, length), generator=gen, dtype=torch.int32)
+    if length >= 2:
+        slots[:, -1] = slots[:, 0]
+    lens = torch.randint(0, length + 1, (t,), generator=gen, dtype=torch.int32) if lengths else None
+    if lens is not None and t > 0:
+        lens[0] = length  # one token reads its whole list
+    return slots.to(device), None if lens is None else lens.to(device)
+
+
+# (T, Hq, window blocks x P, W, compressed blocks x P or None, K, sinks)
+CASES = [
+    pytest.param(1, 64, (4, 64), 128, (8, 64), 512, "finite", id="decode-csa-h64"),
+    pytest.param(2, 128, (2, 64), 128, (3, 2), 6, "finite", id="mtp-hca-p2-h128"),
+    pytest.param(4, 8, (3, 64), 128, (5, 64), 100, None, id="t4-h8-no-sink"),
+    pytest.param(33, 16, (4, 64), 64, None, 0, "finite", id="chunk-window-only"),
+    pytest.param(3, 1, (1, 2), 5, (1, 64), 3, "inf", id="h1-tiny-sinks-inf"),
+    pytest.param(2, 8, (2, 64), 0, (2, 64), 0, "finite", id="empty-lists-sink-only"),
+    pytest.param(2, 8, (2, 64), 0, None, 0, None, id="empty-lists-no-sink"),
+]
+
+
+def _sinks(kind, h, gen, device):
+    if kind is None:
+        return None
+    s = randn(gen, h, dtype=torch.float32, device=device)
+    if kind == "inf" and h >= 1:
+        s[0] = math.inf
+    if kind == "inf" and h >= 2:
+        s[1] = -math.inf
+    return s
+
+
+@pytest.mark.parametrize("t,h,wc,w,cc,k,sinks", CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_against_oracle(gen, device, t, h, wc, w, cc, k, sinks, dtype):
+    q = randn(gen, t, h, D, dtype=dtype, device=device)
+    window_cache = new_cache(*wc, device)
+    ws, wl = slot_lists(gen, t, w, wc[0] * wc[1], device)
+    kw = dict(window_lengths=wl, sinks=_sinks(sinks, h, gen, device))
+    if cc is not None:
+        cs, cl = slot_lists(gen, t, k, cc[0] * cc[1], device, lengths=k % 2 == 0)
+        kw.update(compressed_cache=new_cache(*cc, device), compressed_slots=cs,
+                  compressed_lengths=cl)
+    assert dsv4_attn.dsv4_attention_paged_path(q, window_cache, ws, **kw) == "reference"
+    out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
+    got, lse = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, out=out, **kw)
+    assert got is out and lse.shape == (h, t)
+    want_out, want_lse = ref.dsv4_attention_paged(q, window_cache, ws, **kw)
+    assert_close_to_ref(got, want_out, dtype)
+    assert_lse_close(lse, want_lse, atol=2e-3)
+
+
+def test_equals_dsv4_attention_on_dequantized_rows(gen, device):
+    """A CSA decode step: the window's and the listed rows, written to the caches, give the
+    output dsv4_attention gives on the rows the caches hold (the same fp32 softmax)."""
+    h, window, sc, k = 16, 128, 40, 16
+    q = randn(gen, 1, h, D, device=device)
+    kv_cache, c_cache = new_cache(3, 64, device), new_cache(1, 64, device)
+    # Token at position 200: window rows 73..200 at slots 0..127; compressed rows at slots 0..39.
+    kv = torch.zeros(201, D, device=device, dtype=torch.bfloat16)
+    kv[73:] = dsv4_attn.kv_cache_gather_fp8(kv_cache, torch.arange(128, device=device))
+    comp = dsv4_attn.kv_cache_gather_fp8(c_cache, torch.arange(sc, device=device))
+    topk = torch.randperm(sc, generator=gen)[:k].to(torch.int32).to(device)
+    sinks = randn(gen, h, dtype=torch.float32, device=device)
+    want, want_lse = dsv4_attn.dsv4_attention(q[None], kv[None], sinks=sinks, window=window,
+                                              compressed_kv=comp[None], compress_ratio=4,
+                                              topk_indices=topk.view(1, 1, k), return_lse=True)
+    got, lse = dsv4_attn.dsv4_attention_paged(
+        q, kv_cache, torch.arange(128, device=device, dtype=torch.int32).view(1, -1),
+        compressed_cache=c_cache, compressed_slots=topk.view(1, k), sinks=sinks)
+    assert_close_to_ref(got, want[0], torch.bfloat16)
+    # dsv4_attention's lse includes the sink; the paged op's does not.
+    assert_lse_close(torch.logaddexp(lse, sinks.view(h, 1)), want_lse[0], atol=1e-4)
+
+
+def test_empty_call_and_plan():
+    cache = new_cache(1, 64, "cpu")
+    q = torch.zeros(0, 8, D, dtype=torch.bfloat16)
+    out, lse = dsv4_attn.dsv4_attention_paged(q, cache, torch.zeros(0, 4, dtype=torch.int32))
+    assert out.shape == (0, 8, D) and lse.shape == (8, 0)
+    plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, cache,
+                                 torch.zeros(0, 4, dtype=torch.int32), out=out)
+    assert plan.startswith("reference: "), plan
+
+
+def test_bad_inputs_name_the_argument():
+    cache = new_cache(2, 64, "cpu")
+    q = torch.randn(3, 8, D).bfloat16()
+    slots = torch.zeros(3, 4, dtype=torch.int32)
+    lens = torch.full((3,), 4, dtype=torch.int32)
+    call = dsv4_attn.dsv4_attention_paged
+    bad = [
+        (lambda: call(q.float(), cache, slots), "q must be bf16 or fp16"),
+        (lambda: call(q[..., :256], cache, slots), "q.size(2)"),
+        (lambda: call(q, cache, slots.long()), "window_slots must be Int"),
+        (lambda: call(q, cache, slots[:2]), "window_slots.size(0)"),
+        (lambda: call(q, cache, slots, window_lengths=lens[:2]), "window_lengths.size(0)"),
+        (lambda: call(q, cache, slots, window_lengths=lens.long()), "window_lengths must be Int"),
+        (lambda: call(q, cache[..., :576], slots), "window_cache.size(3)"),
+        (lambda: call(q, cache, slots, compressed_cache=cache), "compressed_cache and compressed_slots"),
+        (lambda: call(q, cache, slots, compressed_slots=slots), "compressed_cache and compressed_slots"),
+        (lambda: call(q, cache, slots, compressed_lengths=lens), "compressed_lengths needs"),
+        (lambda: call(q, cache, slots, compressed_cache=cache.view(torch.int8), compressed_slots=slots),
+         "compressed_cache must be Byte"),
+        (lambda: call(q, cache, slots, sinks=torch.zeros(4)), "sinks must be (Hq,)"),
+        (lambda: call(q, cache, slots, sinks=torch.zeros(8, dtype=torch.float64)), "sinks must be Float"),
+        (lambda: call(q, cache, slots, out=torch.empty(3, 8, D)), "out must have the same dtype"),
+        (lambda: call(q, cache, slots, out=torch.empty(8, 3, D).bfloat16().transpose(0, 1)),
+         "out must be a contiguous tensor"),
+        (lambda: call(q, cache, slots, scale=math.inf), "scale must be finite"),
+    ]
+    for fn, text in bad:
+        with pytest.raises(RuntimeError, match=text.replace("(", r"\(").replace(")", r"\)")):
+            fn()
+
+
+def test_opcheck_and_compile_fullgraph():
+    """The op as a custom op: opcheck (the schema's mutation of out, the fake kernel), and a
+    decode step under torch.compile(fullgraph=True) equal to eager."""
+    gen = torch.Generator().manual_seed(5)
+    cache, c_cache = new_cache(2, 64, "cpu"), new_cache(3, 2, "cpu")
+    q = torch.randn(2, 8, D, generator=gen).bfloat16()
+    ws, wl = slot_lists(gen, 2, 16, 128, "cpu")
+    cs, cl = slot_lists(gen, 2, 4, 6, "cpu")
+    sinks = torch.randn(8, generator=gen)
+    kw = dict(window_lengths=wl, compressed_cache=c_cache, compressed_slots=cs,
+              compressed_lengths=cl, sinks=sinks)
+    # As for the cache ops, not the AOT-dispatch tests: they clone the caches contiguously,
+    # which drops the padded block stride the format requires.
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(torch.ops.dsv4.dsv4_attention_paged.default, (q, cache, ws),
+                          dict(kw, out=torch.empty_like(q)), test_utils=utils)
+    want = dsv4_attn.dsv4_attention_paged(q, cache, ws, **kw)
+    for backend in ("aot_eager", "inductor"):
+        torch._dynamo.reset()
+        got = torch.compile(lambda q: dsv4_attn.dsv4_attention_paged(q, cache, ws, **kw),
+                            fullgraph=True, backend=backend)(q)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), backend
+
+
+@pytest.mark.gpu
+def test_decode_step_in_a_cuda_graph():
+    """A decode step captured once and replayed with new slots and lengths: no host sync, and
+    each replay equals an eager call."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    gen = torch.Generator().manual_seed(9)
+    cache, c_cache = new_cache(4, 64, "cuda"), new_cache(8, 64, "cuda")
+    q = torch.randn(4, 64, D, generator=gen).bfloat16().cuda()
+    ws, wl = slot_lists(gen, 4, 128, 256, "cuda")
+    cs, cl = slot_lists(gen, 4, 512, 512, "cuda")
+    sinks = torch.randn(64, generator=gen).cuda()
+    kw = dict(window_lengths=wl, compressed_cache=c_cache, compressed_slots=cs,
+              compressed_lengths=cl, sinks=sinks)
+    out = torch.empty_like(q)
+    dsv4_attn.dsv4_attention_paged(q, cache, ws, out=out, **kw)  # warm up the allocator
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = dsv4_attn.dsv4_attention_paged(q, cache, ws, out=out, **kw)
+    for _ in range(2):
+        new_ws, new_wl = slot_lists(gen, 4, 128, 256, "cuda")
+        new_cs, new_cl = slot_lists(gen, 4, 512, 512, "cuda")
+        for dst, src in ((ws, new_ws), (wl, new_wl), (cs, new_cs), (cl, new_cl)):
+            dst.copy_(src)
+        graph.replay()
+        want_out, want_lse = dsv4_attn.dsv4_attention_paged(q, cache, ws, **kw)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
