@@ -4,7 +4,10 @@ Tiny random-init models of transformers (pinned in the test extra; a missing tra
 fails here, it is never skipped):
 - DeepSeek-V4 with a sliding-only, a CSA and an HCA layer (random sinks and position biases,
   which the model initialises to zero): prefill of a few hundred tokens, then decode steps
-  through generate() with the model's own cache; logits against the eager implementation.
+  through generate() with the model's own cache; logits against the eager implementation. The
+  CSA layer's indexer picks its top 16 of up to 75 compressed rows through dsv4_indexer_topk.
+  It has 8 index heads: with 2, a fifth of the rows score exactly 0 (ReLU of every head), and
+  torch.topk's order among such ties is arbitrary where the op's takes the lower row.
 - Qwen3-Next with Gated DeltaNet and full-attention layers: the same, against its torch path.
 
 In fp32 (DeepSeek-V4) the logits must match closely. In bf16 FlashAttention's rule applies:
@@ -35,7 +38,7 @@ def _tiny_deepseek_v4():
     cfg = DeepseekV4Config(
         vocab_size=128, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3,
         num_attention_heads=8, head_dim=64, q_lora_rank=32, n_routed_experts=4,
-        num_experts_per_tok=2, o_groups=2, o_lora_rank=16, index_n_heads=2, index_head_dim=32,
+        num_experts_per_tok=2, o_groups=2, o_lora_rank=16, index_n_heads=8, index_head_dim=32,
         index_topk=16, sliding_window=32, num_nextn_predict_layers=0,
         layer_types=["sliding_attention", "compressed_sparse_attention",
                      "heavily_compressed_attention"])
@@ -100,8 +103,10 @@ def test_deepseek_v4_fp32_matches_eager(device):
     want, _ = _stepwise_logits(eager, ids, tokens)
     assert _rel(gen_logits, want) < 1e-4
     calls = op_calls(ours)
-    # One prefill forward, then generate(): its prefill and NEW_TOKENS - 1 decode steps.
-    assert len(calls) == 3 and set(calls.values()) == {1 + NEW_TOKENS}, calls
+    # One prefill forward, then generate(): its prefill and NEW_TOKENS - 1 decode steps; the
+    # three attention layers and the CSA layer's indexer.
+    assert len(calls) == 4 and set(calls.values()) == {1 + NEW_TOKENS}, calls
+    assert any(name.endswith("indexer") for name in calls), calls
     assert ours.config._attn_implementation == "dsv4_attn"
 
 
