@@ -22,6 +22,11 @@ per query token into one KV buffer (the compressed rows, then the raw tokens), [
 compressed rows | window rows], the valid entries first, padded with -1 to a multiple of 128,
 with topk_length and the sink. Its output is checked against the float64 oracle on a small
 case first. Without the peer the table prints "n/a" in its columns. --no-vs-flashmla skips it.
+
+A third table times dsv4_attention_paged's decode steps from the paged FP8 caches (issue 45's
+rows, 32k context) beside FlashMLA's sparse FP8 decode on the same pages (its plan reused, heads
+padded to 64) and the step's floor, each step timed as one of 20 in a CUDA graph, as an
+engine's decode graph runs them; --only-paged-decode prints only that table.
 """
 import argparse
 import math
@@ -180,6 +185,118 @@ def rows_kv_cache(ceil, device):
     return rows
 
 
+def paged_cache(rows, page, device):
+    """A paged FP8 cache of at least `rows` slots (pages of `page`), every slot filled."""
+    blocks = (rows + page - 1) // page
+    stride = (page * 584 + 575) // 576 * 576
+    cache = torch.zeros(blocks * stride, dtype=torch.uint8, device=device).as_strided(
+        (blocks, page, 1, 584), (stride, 584, 584, 1))
+    for i in range(0, blocks * page, 65536):
+        n = min(65536, blocks * page - i)
+        dsv4_attn.kv_cache_insert_fp8(torch.randn(n, D, device=device, dtype=torch.bfloat16),
+                                      cache, torch.arange(i, i + n, device=device))
+    return cache
+
+
+def paged_decode_inputs(kind, b, hq, context, device, seed=0):
+    """A decode step of b requests at `context` tokens, one query token each: the window list
+    (128 slots of pages of 64) and, for CSA (top-k of a 4x compressed cache, pages of 64) and
+    HCA (every closed row of a 128x one, pages of 2), the compressed list; scattered slots."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(b, hq, D, generator=g).to(device, torch.bfloat16)
+    window = paged_cache(b * WINDOW, 64, device)
+    perm = torch.randperm(b * WINDOW, generator=g)
+    ws = perm.view(b, WINDOW).to(torch.int32).to(device)
+    kw = dict(sinks=torch.randn(hq, generator=g).to(device), scale=SCALE)
+    if kind != "sliding":
+        ratio, page = (4, 64) if kind.startswith("CSA") else (128, 2)
+        closed = context // ratio
+        k = int(kind.split("-")[1]) if kind.startswith("CSA") else closed
+        comp = paged_cache(b * closed, page, device)
+        rows = torch.stack([torch.randperm(closed, generator=g)[:k] + i * closed for i in range(b)])
+        kw.update(compressed_cache=comp, compressed_slots=rows.to(torch.int32).to(device))
+    return q, window, ws, kw
+
+
+def paged_decode_peer_call(decode, q, window, ws, kw, heads):
+    """FlashMLA's sparse FP8 decode on the same pages (heads padded to `heads`), with the plan
+    of a first call reused as vLLM does: the call to time."""
+    b, hq, _ = q.shape
+    qp = torch.zeros(b, 1, heads, D, dtype=q.dtype, device=q.device)
+    qp[:, 0, :hq] = q
+    sinks = torch.zeros(heads, device=q.device)
+    sinks[:hq] = kw["sinks"]
+    wl = torch.full((b,), ws.shape[1], dtype=torch.int32, device=q.device)
+    comp = kw.get("compressed_cache")
+    cs = kw["compressed_slots"].view(b, 1, -1) if comp is not None else None
+    cl = torch.full((b,), cs.shape[-1], dtype=torch.int32, device=q.device) if comp is not None else None
+    out = torch.empty_like(qp)
+    res = decode(qp, window, ws.view(b, 1, -1), wl, sinks, None, None, comp, cs, cl, D, SCALE, out)
+    sched, splits = res[2], res[3]
+    return (lambda: decode(qp, window, ws.view(b, 1, -1), wl, sinks, sched, splits, comp, cs, cl,
+                           D, SCALE, out)), res[0][:, 0, :hq]
+
+
+PAGED_DECODE = [  # (layer, B, Hq): issue 45's rows, 32k context
+    *[(k, b, h) for b in (64, 8) for h in (64, 128)
+      for k in ("CSA-512", "CSA-1024", "HCA", "sliding")],
+    *[(k, 64, h) for h in (8, 16, 32) for k in ("CSA-512", "HCA")],
+]
+
+
+def graph_step_ms(step, steps=20):
+    """One decode step's time, from `steps` of them back to back in one CUDA graph, as an
+    engine's decode graph runs its layers (a lone call measures the host's launch path)."""
+    def many():
+        for _ in range(steps):
+            step()
+    return common.bench_ms(many, warmup=2, rep=10, cuda_graph=True) / steps
+
+
+def rows_paged_decode(decode, ceil, device, quick):
+    """dsv4_attention_paged decode steps from FP8 pages beside FlashMLA's sparse FP8 decode,
+    with the floor: the larger of the bytes a step must read (584 per listed row, q and out)
+    over the copy rate, and its useful FLOPs over the GEMM rate."""
+    rows, context = [], 32768
+    specs = PAGED_DECODE[:1] if quick else PAGED_DECODE
+    for kind, b, hq in specs:
+        q, window, ws, kw = paged_decode_inputs(kind, b, hq, context, device)
+        path = dsv4_attn.dsv4_attention_paged_path(q, window, ws, **kw)
+        out = torch.empty_like(q)
+        ours = graph_step_ms(lambda: dsv4_attn.dsv4_attention_paged(q, window, ws, out=out, **kw))
+        listed = ws.shape[1] + (kw["compressed_slots"].shape[1] if "compressed_slots" in kw else 0)
+        nbytes = b * (listed * 584 + 2 * hq * D * 2)
+        flops = 4.0 * b * hq * listed * D
+        floor = max(nbytes / (ceil["copy"] * 1e6), flops / (ceil["gemm"] * 1e9))  # ms
+        heads = max(hq, 64)
+        peer = None
+        if decode is not None:
+            call, _ = paged_decode_peer_call(decode, q, window, ws, kw, heads)
+            peer = graph_step_ms(call)
+        what = {"CSA-512": "window + top-512", "CSA-1024": "window + top-1024",
+                "HCA": "HCA: window + all 256 rows", "sliding": "window only"}[kind]
+        rows.append([f"decode B={b}, {what}", str(hq), path, f"{ours * 1000:.1f}",
+                     (f"{peer * 1000:.1f}" + (f" (padded to {heads})" if heads != hq else ""))
+                     if peer else "n/a", f"{peer / ours:.2f}x" if peer else "n/a",
+                     f"{floor * 1000:.1f}", f"{ours / floor:.1f}x"])
+    return rows
+
+
+def check_paged_decode(decode, device):
+    """Ours and FlashMLA's decode on one small CSA step: max |difference| of the outputs, and
+    ours against the float64 oracle on two tokens."""
+    from dsv4_attn import reference
+    q, window, ws, kw = paged_decode_inputs("CSA-512", 4, 64, 4096, device, seed=1)
+    ours, _ = dsv4_attn.dsv4_attention_paged(q, window, ws, **kw)
+    part = dict(kw, compressed_slots=kw["compressed_slots"][:2])
+    want, _ = reference.dsv4_attention_paged(q[:2], window, ws[:2], **part)
+    oracle = (ours[:2].double().cpu() - want).abs().max().item()
+    if decode is None:
+        return oracle, None
+    _, peer = paged_decode_peer_call(decode, q, window, ws, kw, 64)
+    return oracle, (ours.float() - peer.float()).abs().max().item()
+
+
 VS_FLASHMLA = [  # (kind, topk, context, Hq): issue 44's rows, S = 8192
     *[(k, tk, ctx, h) for h in (64, 128) for k, tk, ctx in (
         ("CSA", 512, 8192), ("CSA", 1024, 8192), ("CSA", 512, 65536), ("HCA", 0, 65536),
@@ -281,6 +398,8 @@ def main(argv=None):
                     help="skip the table against FlashMLA's sparse prefill")
     ap.add_argument("--only-vs-flashmla", action="store_true",
                     help="only the table against FlashMLA (no status block)")
+    ap.add_argument("--only-paged-decode", action="store_true",
+                    help="only the table of paged FP8 decode steps (no status block)")
     ap.add_argument("--status-out", default=None, metavar="PATH",
                     help="write the table as a status block for benchmarks/update_status.py")
     args = ap.parse_args(argv)
@@ -299,13 +418,15 @@ def main(argv=None):
     ]
     if args.quick:
         shapes = [(1, 4096, 4096, 64, True), (64, 1, 4096, 128, True)]
-    if args.only_vs_flashmla:
+    if args.only_vs_flashmla or args.only_paged_decode:
         shapes, args.status_out = [], None
+    if args.only_paged_decode:
+        args.no_vs_flashmla = True
     rows = [row_fmha(b, sq, sk, h, causal, ceil, device, dtype) for b, sq, sk, h, causal in shapes]
     layers = [("sliding", 1, 8192, 128, False), ("CSA", 1, 8192, 64, False),
               ("HCA", 1, 8192, 128, False), ("CSA", 64, 4096, 128, True),
               ("sliding", 64, 4096, 128, True), ("HCA", 64, 4096, 128, True)]
-    if args.quick or args.only_vs_flashmla:
+    if args.quick or args.only_vs_flashmla or args.only_paged_decode:
         layers = layers[:1] if args.quick else []
     rows += [row_layer(kind, b, s, h, ceil, device, dtype, decode)
              for kind, b, s, h, decode in layers]
@@ -327,9 +448,26 @@ def main(argv=None):
                        "speed vs FlashMLA", "dsv4 of GEMM", "FlashMLA of GEMM"]
         table_md += ("\n\n" + mla_note + "\n\n" +
                      common.format_table(mla_headers, mla_rows, markdown=True))
+    paged = not args.only_vs_flashmla
+    if paged:
+        decode = None
+        if load_flashmla() is not None:
+            decode = getattr(torch.ops._flashmla_C, "sparse_decode_fwd", None)
+        oracle_err, peer_diff = check_paged_decode(decode, device)
+        paged_note = (f"dsv4_attention_paged decode from FP8 pages, 32k context; FlashMLA sparse "
+                      f"FP8 decode: {'vLLM 0.26 sm90 build, plan reused' if decode else 'not loaded'}; "
+                      f"each step one of 20 in a CUDA graph"
+                      f"; check: ours vs the float64 oracle max |error| {oracle_err:.1e}"
+                      + (f", ours vs FlashMLA max |difference| {peer_diff:.1e}" if decode else ""))
+        paged_headers = ["step", "Hq", "path", "ours us", "FlashMLA us", "speed vs FlashMLA",
+                         "floor us", "ours / floor"]
+        paged_rows = rows_paged_decode(decode, ceil, device, args.quick)
+        table_md += "\n\n" + paged_note + "\n\n" + common.format_table(paged_headers, paged_rows,
+                                                                          markdown=True)
     kv_headers = ["paged FP8 cache op", "path", "us", "GB/s moved", "of copy"]
-    kv_rows = rows_kv_cache(ceil, device)
-    table_md += "\n\n" + common.format_table(kv_headers, kv_rows, markdown=True)
+    kv_rows = [] if args.only_paged_decode else rows_kv_cache(ceil, device)
+    if kv_rows:
+        table_md += "\n\n" + common.format_table(kv_headers, kv_rows, markdown=True)
     common.write_status(args.status_out, common.status_block(
         "bench_dsv4", f"{peers}\n\n{table_md}", gemm=ceil["gemm"], copy_gbs=ceil["copy"],
         device=device, dtype=dtype, note="quick" if args.quick else ""))
@@ -339,8 +477,13 @@ def main(argv=None):
         print()
         print(mla_note)
         print(common.format_table(mla_headers, mla_rows))
-    print()
-    print(common.format_table(kv_headers, kv_rows))
+    if paged:
+        print()
+        print(paged_note)
+        print(common.format_table(paged_headers, paged_rows))
+    if kv_rows:
+        print()
+        print(common.format_table(kv_headers, kv_rows))
     section = header.replace("\n", "\n\n") + "\n\n" + table_md
     title = f"head_dim 512 (bench_dsv4.py), {common.device_name(device)}"
     if args.out:

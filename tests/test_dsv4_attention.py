@@ -203,3 +203,24 @@ def test_csa_listing_every_closed_row_equals_hca(gen, device):
                              topk_indices=every, return_lse=True)
     torch.testing.assert_close(csa[0], hca[0], rtol=0, atol=2e-2)
     assert_lse_close(csa[1], hca[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("sq,skv,d", [(40, 300, 512), (1, 300, 512), (30, 30, 64)],
+                         ids=["chunk-d512", "decode-split-d512", "prefill-d64"])
+def test_infinite_sinks(gen, device, sq, skv, d):
+    """A sink of +inf takes all the weight: out = 0 and lse = +inf for its head, never NaN; a
+    sink of -inf is no sink. The other heads are the same call's."""
+    h = 16
+    q, kv = randn(gen, 1, sq, h, d, device=device), randn(gen, 1, skv, d, device=device)
+    kw = dict(window=128, compressed_kv=randn(gen, 1, skv // 4, d, device=device),
+              compress_ratio=4)
+    sinks = randn(gen, h, dtype=torch.float32, device=device)
+    sinks[0], sinks[1] = math.inf, -math.inf
+    out, lse = ops.dsv4_attention(q, kv, sinks=sinks, return_lse=True, **kw)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (out[:, :, 0] == 0).all() and (lse[:, 0] == math.inf).all()
+    finite = sinks.clone()
+    finite[0] = 0.0
+    want_out, want_lse = ref.dsv4_attention(q, kv, sinks=finite, **kw)
+    assert_close_to_ref(out[:, :, 1:], want_out[:, :, 1:], BF16)
+    assert_lse_close(lse[:, 1:], want_lse[:, 1:], atol=2e-3)

@@ -1,6 +1,7 @@
 """dsv4.dsv4_attention_paged: DeepSeek-V4 attention over the paged FP8 caches, against the float64
 oracle (reference.dsv4_attention_paged, which decodes the cache's bytes itself), and against
-dsv4_attention on the dequantized rows.
+dsv4_attention on the dequantized rows; on a Hopper GPU, the head_dim-512 kernel's paged mode
+against the oracle and the reference path, bitwise deterministic, on poisoned memory.
 
 Cases: Hq 1/8/64/128, T = 1, 2, 4 and a prefill chunk, window only or with a compressed cache
 (page sizes 64 and 2), lengths shorter than the lists, empty lists, -1 and out-of-range slots,
@@ -14,7 +15,8 @@ import torch
 import dsv4_attn
 from dsv4_attn import reference as ref
 
-from conftest import assert_close_to_ref, assert_lse_close, randn, stable_seed
+from conftest import assert_close_to_ref, assert_lse_close, poison_allocator, randn, stable_seed
+from test_fmha_sm90 import needs_sm90
 
 D, RECORD, DATA = 512, 584, 576
 
@@ -77,7 +79,8 @@ def test_against_oracle(gen, device, t, h, wc, w, cc, k, sinks, dtype):
         cs, cl = slot_lists(gen, t, k, cc[0] * cc[1], device, lengths=k % 2 == 0)
         kw.update(compressed_cache=new_cache(*cc, device), compressed_slots=cs,
                   compressed_lengths=cl)
-    assert dsv4_attn.dsv4_attention_paged_path(q, window_cache, ws, **kw) == "reference"
+    path = dsv4_attn.dsv4_attention_paged_path(q, window_cache, ws, **kw)
+    assert path == "reference" if device.type == "cpu" else path in ("sm90", "reference")
     out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
     got, lse = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, out=out, **kw)
     assert got is out and lse.shape == (h, t)
@@ -202,3 +205,71 @@ def test_decode_step_in_a_cuda_graph():
         graph.replay()
         want_out, want_lse = dsv4_attn.dsv4_attention_paged(q, cache, ws, **kw)
         assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+# --------------------------------------------------------------------------------- sm90 kernel
+
+# (T, Hq, window blocks x P, W, compressed blocks x P or None, K, sinks): decode (split-KV),
+# multi-token prediction, TP head counts (several tokens per work tile), 128 heads (two head
+# blocks), a prefill chunk (no split), pages of 2, empty window lists.
+KERNEL_CASES = [
+    pytest.param(1, 64, (4, 64), 128, (16, 64), 512, "finite", id="decode-csa512-h64"),
+    pytest.param(2, 128, (4, 64), 128, (16, 64), 1024, "finite", id="mtp-csa1024-h128"),
+    pytest.param(4, 8, (4, 64), 128, (8, 64), 300, "finite", id="t4-h8"),
+    pytest.param(5, 16, (4, 64), 100, (100, 2), 70, None, id="t5-h16-hca-p2"),
+    pytest.param(3, 32, (2, 64), 128, None, 0, "inf", id="t3-h32-window-only-sinks-inf"),
+    pytest.param(300, 64, (8, 64), 128, (16, 64), 512, "finite", id="chunk300-h64"),
+    pytest.param(70, 2, (8, 64), 64, (16, 64), 96, "finite", id="chunk70-h2"),
+    pytest.param(6, 64, (2, 64), 0, (8, 64), 200, "finite", id="no-window-entries"),
+]
+
+
+def _kernel_case(gen, t, h, wc, w, cc, k, sinks, dtype):
+    q = randn(gen, t, h, D, dtype=dtype, device="cuda")
+    window_cache = new_cache(*wc, "cuda")
+    ws, wl = slot_lists(gen, t, w, wc[0] * wc[1], "cuda")
+    kw = dict(window_lengths=wl, sinks=_sinks(sinks, h, gen, "cuda"))
+    if cc is not None:
+        cs, cl = slot_lists(gen, t, k, cc[0] * cc[1], "cuda", lengths=k % 2 == 0)
+        kw.update(compressed_cache=new_cache(*cc, "cuda"), compressed_slots=cs,
+                  compressed_lengths=cl)
+    return q, window_cache, ws, kw
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("t,h,wc,w,cc,k,sinks", KERNEL_CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_against_oracle_and_reference(gen, monkeypatch, t, h, wc, w, cc, k, sinks, dtype):
+    q, window_cache, ws, kw = _kernel_case(gen, t, h, wc, w, cc, k, sinks, dtype)
+    assert dsv4_attn.dsv4_attention_paged_path(q, window_cache, ws, **kw) == "sm90"
+    poison_allocator(64 << 20, "cuda")
+    out, lse = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, **kw)
+    again, lse_again = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, **kw)
+    assert torch.equal(out, again) and torch.equal(lse, lse_again), "not bitwise deterministic"
+    # The oracle on at most 8 tokens (it decodes every row in Python).
+    m = min(t, 8)
+    part = {key: (v[:m] if key in ("window_lengths", "compressed_slots", "compressed_lengths")
+                  and v is not None else v) for key, v in kw.items()}
+    want_out, want_lse = ref.dsv4_attention_paged(q[:m], window_cache, ws[:m], **part)
+    assert_close_to_ref(out[:m], want_out, dtype)
+    assert_lse_close(lse[:, :m], want_lse, atol=2e-3)
+    monkeypatch.setenv("DSV4_DISABLE_SM90", "1")
+    ref_out, ref_lse = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, **kw)
+    assert_close_to_ref(out, ref_out.float(), dtype, what="out vs the reference path")
+    assert_lse_close(lse, ref_lse, atol=2e-3, what="lse vs the reference path")
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_kernel_out_argument_and_plan():
+    gen = torch.Generator().manual_seed(3)
+    q, window_cache, ws, kw = _kernel_case(gen, 2, 64, (4, 64), 128, (16, 64), 512, "finite",
+                                           torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    got, _ = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, out=out, **kw)
+    assert got is out and torch.isfinite(out).all()
+    plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws, out=out, **kw)
+    assert plan.startswith("sm90 mqa512 tile=1x64"), plan
+    odd = new_cache(3, 48, "cuda")  # a page size that is not a power of two
+    assert dsv4_attn.dsv4_attention_paged_path(q, odd, ws) == "reference"

@@ -1,7 +1,9 @@
-// dsv4_attention_paged's checks and its reference path: ATen ops in fp32 on any device. Tokens
-// are processed in blocks; each block dequantizes the rows its lists may read (through
+// dsv4_attention_paged: validate every input, then run the head_dim-512 family's paged mode
+// (csrc/sm90/mqa512: the producer gathers and dequantizes the listed FP8 rows) when its route
+// takes the call, else the reference path: ATen ops in fp32 on any device. The reference path
+// processes tokens in blocks; each block dequantizes the rows its lists may read (through
 // kv_cache_gather_fp8, slots not read as -1), masks the rest to -inf, and runs one fp32 softmax
-// with the sink. No value is read back to the host.
+// with the sink. Neither reads a value back to the host.
 #include "ops/dsv4_attention_paged.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -13,6 +15,7 @@
 #include "ops/checks.h"
 #include "ops/kv_cache_fp8.h"
 #include "sm90/kv_cache/format.h"
+#include "sm90/mqa512/api.h"
 
 namespace dsv4 {
 namespace {
@@ -93,6 +96,46 @@ void reference(const Dsv4PagedCall& c, at::Tensor& lse) {
   lse.copy_(lse_rows.t());
 }
 
+Mqa512Problem mqa512_problem(const Dsv4PagedCall& c) {
+  Mqa512Problem p;
+  p.op = kOp;
+  p.q = c.q.unsqueeze(0);  // one batch of T tokens
+  p.sinks = c.sinks;
+  p.paged[0] = {c.window_cache, c.window_slots, c.window_lengths};
+  p.num_paged = 1;
+  if (c.compressed_cache) {
+    p.paged[1] = {*c.compressed_cache, *c.compressed_slots, c.compressed_lengths};
+    p.num_paged = 2;
+  }
+  Mqa512Shape& s = p.shape;
+  s.batch = 1;
+  s.seqlen_q = s.seqlen_k = s.longest_k = c.tokens;
+  s.heads_q = c.heads;
+  s.heads_kv = 1;
+  s.scale = c.scale;
+  s.use_kv = false;
+  for (int i = 0; i < p.num_paged; ++i) {
+    s.paged_tiles += (p.paged[i].slots.size(1) + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile;
+  }
+  return p;
+}
+
+struct PagedDispatch {
+  Mqa512Problem problem;
+  Route<Mqa512Plan> route;
+};
+
+PagedDispatch dispatch(const Dsv4PagedCall& c, bool for_plan) {
+  const Overrides overrides = read_overrides();
+  PagedDispatch d{mqa512_problem(c), {}};
+  if (d.problem.shape.paged_tiles == 0) {
+    d.route = Route<Mqa512Plan>::reference("empty slot lists");
+  } else {
+    d.route = route_mqa512_paged(d.problem, device_facts(c.q, overrides, for_plan), overrides);
+  }
+  return d;
+}
+
 }  // namespace
 
 Dsv4PagedCall check_dsv4_paged_inputs(const at::Tensor& q, const at::Tensor& window_cache,
@@ -156,14 +199,24 @@ Dsv4PagedCall check_dsv4_paged_inputs(const at::Tensor& q, const at::Tensor& win
 at::Tensor dsv4_attention_paged(const Dsv4PagedCall& c) {
   c10::DeviceGuard guard(c.q.device());
   at::Tensor lse = at::empty({c.heads, c.tokens}, c.q.options().dtype(at::kFloat));
-  if (c.tokens > 0) reference(c, lse);
+  if (c.tokens == 0) return lse;
+  const PagedDispatch d = dispatch(c, false);
+  if (d.route.sm90) {
+    at::Tensor out = c.out.unsqueeze(0), lse_rows = lse.unsqueeze(0);  // (1, T, Hq, 512), (1, Hq, T)
+    run_mqa512(d.problem, d.route.plan, out, lse_rows);
+  } else {
+    reference(c, lse);
+  }
   return lse;
 }
 
-std::string dsv4_attention_paged_path(const Dsv4PagedCall&) { return "reference"; }
+std::string dsv4_attention_paged_path(const Dsv4PagedCall& c) {
+  return dispatch(c, false).route.sm90 ? "sm90" : "reference";
+}
 
-std::string dsv4_attention_paged_plan(const Dsv4PagedCall&) {
-  return "reference: dsv4_attention_paged has no sm90 kernel yet";
+std::string dsv4_attention_paged_plan(const Dsv4PagedCall& c) {
+  const PagedDispatch d = dispatch(c, true);
+  return d.route.sm90 ? "sm90 " + describe(d.route.plan) : "reference: " + d.route.why_not;
 }
 
 }  // namespace dsv4

@@ -125,8 +125,9 @@ void dsv4_attention_reference(const Dsv4Call& c, at::Tensor& out, at::Tensor& ls
     s.masked_fill_(valid.logical_not().view({R, 1, slots}), neg_inf);
     at::Tensor row_lse = slots > 0 ? at::logsumexp(s, -1) : at::full({R, H}, neg_inf, fopts);
     if (c.sinks) row_lse = at::logaddexp(row_lse, sink);
-    // A row with nothing visible and no sink has lse = -inf: shift by 0 so p = 0, not NaN.
-    const at::Tensor shift = at::where(at::isinf(row_lse), at::zeros({}, fopts), row_lse);
+    // A row with nothing visible and no sink has lse = -inf: shift by 0 so p = 0, not NaN. (A
+    // sink of +inf gives lse = +inf and p = 0: out = 0.)
+    const at::Tensor shift = at::where(row_lse == neg_inf, at::zeros({}, fopts), row_lse);
     const at::Tensor p = at::exp(s - shift.unsqueeze(-1));
     out_rows.narrow(0, r0, R).copy_(at::bmm(p, keys));
     lse_rows.narrow(0, r0, R).copy_(row_lse);

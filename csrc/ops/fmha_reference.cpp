@@ -49,8 +49,9 @@ std::tuple<at::Tensor, at::Tensor> attention_padded(const FmhaCall& c, const at:
     at::Tensor row_lse = Sk > 0 ? at::logsumexp(s, -1)
                                 : at::full({B, Hkv, G, rows}, neg_inf, fopts);
     if (c.sinks) row_lse = at::logaddexp(row_lse, sink_logit);
-    // A row with nothing visible and no sink has lse = -inf; subtracting 0 keeps p = 0.
-    at::Tensor shift = at::where(at::isinf(row_lse), at::zeros({}, fopts), row_lse);
+    // A row with nothing visible and no sink has lse = -inf; subtracting 0 keeps p = 0. (A sink
+    // of +inf gives lse = +inf and p = 0: out = 0.)
+    at::Tensor shift = at::where(row_lse == neg_inf, at::zeros({}, fopts), row_lse);
     at::Tensor p = at::exp(s - shift.unsqueeze(-1));
     at::Tensor o = at::matmul(p.view({B, Hkv, G * rows, Sk}), vf).view({B, Hkv, G, rows, Dv});
     out.narrow(3, i0, rows).copy_(o);

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "ptx/math.cuh"
+#include "sm90/kv_cache/dequant.cuh"
 #include "sm90/kv_cache/format.h"
 
 namespace dsv4 {
@@ -27,9 +28,6 @@ __device__ __forceinline__ uint8_t* kv_page(const KvCacheLayout& c, Slot slot, i
   row = static_cast<int64_t>(slot) - block * c.page_rows;
   return c.base + block * c.block_stride;
 }
-
-// 2^e for |e| < 127, exactly.
-__device__ __forceinline__ float kv_exp2i(int e) { return __int_as_float((127 + e) << 23); }
 
 template <typename Element, typename Slot>
 __global__ void __launch_bounds__(kKvCacheRowsPerBlock * 32)
@@ -122,31 +120,14 @@ __global__ void __launch_bounds__(kKvCacheRowsPerBlock * 32)
     res.v[0] = res.v[1] = make_uint4(0, 0, 0, 0);
   } else if (lane < kKvQuantLanes) {
     const uint8_t* data = page + r * kKvDataBytes;
-    const int e = int(page[int64_t(cache.page_rows) * kKvDataBytes + r * kKvScaleBytes + lane / 4]) - 127;
-    const float scale = kv_exp2i(e);
-    union {
-      uint4 v;
-      __nv_fp8x2_storage_t pair[8];
-    } in;
-    in.v = *reinterpret_cast<const uint4*>(data + lane * 16);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float2 f = __half22float2(
-          __half2(__nv_cvt_fp8x2_to_halfraw2(in.pair[i], __NV_E4M3)));
-      res.e[2 * i] = ptx::from_float<Element>(f.x * scale);
-      res.e[2 * i + 1] = ptx::from_float<Element>(f.y * scale);
-    }
+    const float scale =
+        kv_scale_of(page[int64_t(cache.page_rows) * kKvDataBytes + r * kKvScaleBytes + lane / 4]);
+    kv_dequant16<Element>(*reinterpret_cast<const uint4*>(data + lane * 16), scale, res.v);
   } else {
-    union {
-      uint4 v[2];
-      __nv_bfloat16 b[16];
-    } in;
     const uint4* src =
         reinterpret_cast<const uint4*>(page + r * kKvDataBytes + kKvQuantDims + (lane - kKvQuantLanes) * 32);
-    in.v[0] = src[0];
-    in.v[1] = src[1];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) res.e[i] = ptx::from_float<Element>(ptx::to_float(in.b[i]));
+    res.v[0] = kv_tail8<Element>(src[0]);
+    res.v[1] = kv_tail8<Element>(src[1]);
   }
   uint4* dst = reinterpret_cast<uint4*>(out + row * kKvDims + lane * 16);
   dst[0] = res.v[0];

@@ -38,6 +38,35 @@ Route<Mqa512Plan> route_mqa512(const Mqa512Problem& pr, const DeviceFacts& devic
   return R::kernel(plan);
 }
 
+Route<Mqa512Plan> route_mqa512_paged(const Mqa512Problem& pr, const DeviceFacts& device,
+                                     const Overrides& overrides) {
+  using R = Route<Mqa512Plan>;
+  if (!device.sm90) return R::reference(device.why_not);
+  const Mqa512Shape& s = pr.shape;
+  if (pr.q.scalar_type() != at::kBFloat16 && pr.q.scalar_type() != at::kHalf) {
+    return R::reference("q is not bf16 or fp16");
+  }
+  if (const char* why = mqa512_shape_unsupported(s)) return R::reference(why);
+  // A producer lane's list reads and the tile's tokens: at most 32 tokens per work tile.
+  if (s.heads_q < 2) return R::reference("one query head (a work tile would hold 64 tokens)");
+  if (!tma_compatible(pr.q)) return R::reference("strides TMA cannot describe");
+  for (int i = 0; i < pr.num_paged; ++i) {
+    const Mqa512Problem::PagedList& l = pr.paged[i];
+    const int64_t page = l.cache.size(1), capacity = l.cache.size(0) * page;
+    if ((page & (page - 1)) != 0) return R::reference("a page size that is not a power of two");
+    if (capacity >= (int64_t{1} << 31)) return R::reference("2^31 or more cache slots");
+    if (s.seqlen_q * l.slots.size(1) >= (int64_t{1} << 31)) {
+      return R::reference("2^31 or more slot-list entries");
+    }
+    if (reinterpret_cast<uintptr_t>(l.cache.data_ptr()) % 16 != 0 || l.cache.stride(0) % 16 != 0) {
+      return R::reference("a cache whose blocks are not 16-byte aligned");
+    }
+  }
+  const Mqa512Plan plan = mqa512_plan_launch(s, device.num_sms, overrides);
+  if (plan.tiles >= kMqa512MaxWork) return R::reference("2^26 or more work tiles");
+  return R::kernel(plan);
+}
+
 std::string describe(const Mqa512Plan& plan) {
   return "mqa512 tile=" + std::to_string(plan.tile_tokens) + "x" + std::to_string(plan.tile_heads) +
          " splits=" + std::to_string(plan.num_splits) +

@@ -23,10 +23,21 @@ struct Mqa512Problem {
   std::optional<at::Tensor> sinks;  // fp32 (Hq,)
   // Varlen: int32 (N + 1,) each; cu_seqlens_c with compressed rows.
   std::optional<at::Tensor> cu_seqlens_q, cu_seqlens_k, cu_seqlens_c;
+  // Paged (dsv4_attention_paged; shape.paged_tiles > 0): q (1, T, Hq, 512), kv and compressed
+  // unused; the window list, then optionally the compressed list, over paged FP8 caches
+  // ((num_blocks, P, 1, 584) uint8 views), int32 slots (T, L) and optional lengths (T,).
+  struct PagedList {
+    at::Tensor cache, slots;
+    std::optional<at::Tensor> lengths;
+  };
+  PagedList paged[2];
+  int num_paged = 0;
 };
 
 Route<Mqa512Plan> route_mqa512(const Mqa512Problem& problem, const DeviceFacts& device,
                                const Overrides& overrides);
+Route<Mqa512Plan> route_mqa512_paged(const Mqa512Problem& problem, const DeviceFacts& device,
+                                     const Overrides& overrides);
 
 // "mqa512 tile=1x64 splits=1 grid=persistent:132": a route's decisions, for the _plan ops.
 std::string describe(const Mqa512Plan& plan);

@@ -92,7 +92,7 @@ struct Mqa512Consumer {
 #pragma unroll
     for (int cb = 0; cb < kHalf; ++cb) {
       ptx::mbarrier_wait(kv_full(wg, kHalf * half + cb), phase);
-      if (p.topk != nullptr) ptx::fence_proxy_async_smem();  // a gathered tile: cp.async wrote it
+      if (mqa512_gathers(p)) ptx::fence_proxy_async_smem();  // a gathered tile: generic writes
       ptx::wgmma_fence();  // after a spin-wait, or ptxas serializes every wgmma (C7520)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
@@ -119,7 +119,7 @@ struct Mqa512Consumer {
   __device__ __forceinline__ void wait_half(int stage, int half, uint32_t phase) const {
 #pragma unroll
     for (int cb = 0; cb < kHalf; ++cb) ptx::mbarrier_wait(kv_full(stage, kHalf * half + cb), phase);
-    if (p.topk != nullptr) ptx::fence_proxy_async_smem();  // as in issue_qk_half
+    if (mqa512_gathers(p)) ptx::fence_proxy_async_smem();  // as in issue_qk_half
   }
   __device__ __forceinline__ void issue_pv_smem(const PTile& pt, int stage) {
     const uint32_t p_base = ptx::smem_addr(&pt[0][0]);
@@ -175,8 +175,8 @@ struct Mqa512Consumer {
     const float neg_inf = __int_as_float(0xff800000);
     const int num_kv = seg.num_kv;
     const bool compressed = it >= num_kv;
-    if (compressed && p.topk != nullptr) {
-      // CSA: the slots the producer found visible in one token's list (csa_slots: the two
+    if (compressed && mqa512_gathers(p)) {
+      // CSA or paged: the slots the producer found visible in one token's list (csa_slots: the two
       // mask words, then the token), seen only by that token's rows (row = head *
       // tile_tokens + token). Own tile: stage wg.
       const uint4 slots = *reinterpret_cast<const uint4*>(&s.csa_slots[wg][0]);

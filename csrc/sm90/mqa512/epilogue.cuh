@@ -51,6 +51,7 @@ __device__ __forceinline__ void mqa512_epilogue(Mqa512Consumer<Element>& c,
     const float* sink_src = n > 0 ? &s.sink[progress.q() ^ 1][row] : p.sinks + head;
     const float sink = has_sink ? *sink_src : 0.f;
     finish_row_sum(total[i], c.m_run[i], has_sink, sink * kLog2e, inv, lse);
+    if (!p.lse_with_sink) lse = keys_lse(total[i], c.m_run[i]);  // dsv4_attention_paged
     const bool valid = token < w.shape.seqlen_q;
     const size_t out_token = static_cast<size_t>(w.batch) * p.seqlen_q + w.q_start + token;
     const size_t out_row = out_token * p.heads_q + head;

@@ -32,7 +32,9 @@
 
 namespace dsv4 {
 
-template <typename Element>
+// kPaged: a paged call (dsv4_attention_paged), its own instantiation so that the producer's
+// FP8 gather does not weigh on the other calls' register allocation.
+template <typename Element, bool kPaged>
 __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     mqa512_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
                        const __grid_constant__ CUtensorMap tmap_kv,
@@ -49,13 +51,13 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   __syncthreads();
 
   if (threadIdx.x / 128 == 0) {
-    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    ptx::setmaxnreg_dec<kPaged ? T::kPagedProducerRegs : T::kProducerRegs>();
     const Mqa512Producer<Element> producer{s, p};
     producer.prefetch_descriptors(tmap_q, tmap_kv, tmap_c);
     for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;
          progress.next_work(ptx::grid_ctas())) {
       const Mqa512WorkTile w = mqa512_decode_tile(p, progress.work());
-      const Mqa512KeySegments seg = mqa512_key_segments(p, w, T::kBlockN);
+      const Mqa512KeySegments seg = mqa512_key_segments(p, w, T::kBlockN, kPaged);
       const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);
       const int n = range.end - range.begin;
       producer.publish_tile(progress, w, seg, range, n);
@@ -66,13 +68,17 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       // Each producer warp stays converged: the lanes that skip a single-lane issue wait for
       // it here instead of spinning in the next try_wait beside it.
       __syncwarp();
-      producer.load_key_tiles(tmap_kv, tmap_c, progress, w, seg, range, n);
+      if constexpr (kPaged) {
+        producer.load_paged_tiles(progress, w, seg, range, n);
+      } else {
+        producer.load_key_tiles(tmap_kv, tmap_c, progress, w, seg, range, n);
+      }
       progress.finish_keys(n);
     }
     return;
   }
 
-  ptx::setmaxnreg_inc<T::kConsumerRegs>();
+  ptx::setmaxnreg_inc<kPaged ? T::kPagedConsumerRegs : T::kConsumerRegs>();
   Mqa512Consumer<Element> consumer{s, p, static_cast<int>(threadIdx.x / 128) - 1};
   for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;  // as in the producer
        progress.next_work(ptx::grid_ctas())) {

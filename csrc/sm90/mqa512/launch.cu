@@ -11,11 +11,11 @@
 namespace dsv4 {
 namespace {
 
-template <typename Element>
+template <typename Element, bool kPaged>
 void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at::Tensor& lse) {
   using T = Mqa512Sm90Traits<Element>;
   static_assert(T::kBlockM == kMqa512Rows && T::kBlockN == kMqa512KeysPerTile, "plan.h's numbers");
-  constexpr auto kernel = mqa512_sm90_kernel<Element>;
+  constexpr auto kernel = mqa512_sm90_kernel<Element, kPaged>;
   const Mqa512Shape& s = pr.shape;
   const char* op = pr.op;
   Mqa512Sm90Params p = mqa512_params(s, plan);
@@ -29,6 +29,22 @@ void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at
     p.compressed = pr.compressed.data_ptr();
     p.c_batch_stride = s.varlen ? 0 : pr.compressed.stride(0);
     p.c_row_stride = pr.compressed.stride(1);
+  }
+  at::Tensor paged_slots[2], paged_lengths[2];  // contiguous where needed, alive until the launch
+  for (int i = 0; i < pr.num_paged; ++i) {
+    const Mqa512Problem::PagedList& l = pr.paged[i];
+    Mqa512PagedList& d = p.page_list[i];
+    paged_slots[i] = l.slots.contiguous();
+    d.base = static_cast<const uint8_t*>(l.cache.data_ptr());
+    d.slots = paged_slots[i].data_ptr<int>();
+    if (l.lengths) paged_lengths[i] = l.lengths->contiguous();
+    d.lengths = l.lengths ? paged_lengths[i].data_ptr<int>() : nullptr;
+    d.block_stride = l.cache.stride(0);
+    d.len = static_cast<int>(l.slots.size(1));
+    d.tiles = (d.len + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile;
+    d.page_shift = 0;
+    while ((int64_t{1} << d.page_shift) < l.cache.size(1)) ++d.page_shift;
+    d.capacity = static_cast<int>(l.cache.size(0) * l.cache.size(1));
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   VarlenScheduleBuffers schedule;  // alive until the kernel is queued
@@ -50,14 +66,16 @@ void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at
   }
   allow_dynamic_smem<kernel>(pr.q.get_device(), T::kSmemBytes);
   const CUtensorMap tq = make_tensor_map_bshd(op, pr.q, "q", p.tile_tokens, p.tile_heads);
-  const CUtensorMap tkv = make_tensor_map_bshd(op, pr.kv, "kv", T::kBlockN);
+  // A paged call has no kv tensor: the q map stands in for the kv maps, never read.
+  const CUtensorMap tkv = pr.num_paged > 0 ? tq : make_tensor_map_bshd(op, pr.kv, "kv", T::kBlockN);
   const CUtensorMap tc = s.compress_ratio > 0 && s.topk_k == 0
                              ? make_tensor_map_bshd(op, pr.compressed, "compressed_kv", T::kBlockN)
                              : tkv;  // not read without HCA rows
   kernel<<<static_cast<unsigned>(plan.grid), T::kThreads, T::kSmemBytes, stream>>>(tq, tkv, tc, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_splits > 1) {
-    launch_split_kv_combine<Element, T::kHeadDim>(p, out.data_ptr(), lse.data_ptr<float>(), stream);
+    launch_split_kv_combine<Element, T::kHeadDim>(p, out.data_ptr(), lse.data_ptr<float>(), stream,
+                                                  p.lse_with_sink != 0);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -66,10 +84,13 @@ void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at
 
 void run_mqa512(const Mqa512Problem& problem, const Mqa512Plan& plan, at::Tensor& out,
                 at::Tensor& lse) {
+  const bool paged = problem.num_paged > 0;
   if (problem.q.scalar_type() == at::kBFloat16) {
-    launch<__nv_bfloat16>(problem, plan, out, lse);
+    paged ? launch<__nv_bfloat16, true>(problem, plan, out, lse)
+          : launch<__nv_bfloat16, false>(problem, plan, out, lse);
   } else {
-    launch<__half>(problem, plan, out, lse);
+    paged ? launch<__half, true>(problem, plan, out, lse)
+          : launch<__half, false>(problem, plan, out, lse);
   }
 }
 

@@ -2,9 +2,24 @@
 // launcher and the kernel).
 #pragma once
 
+#include <cstdint>
+
 #include "sm90/shared/varlen_schedule.h"
 
 namespace dsv4 {
+
+// One slot list of a paged call (dsv4_attention_paged) over a paged FP8 cache
+// (sm90/kv_cache/format.h): token t's entries are slots[t * len ...], entry j read iff
+// j < lengths[t] (no lengths: every entry) and 0 <= slot < capacity.
+struct Mqa512PagedList {
+  const uint8_t* base;     // block 0 of the cache; nullptr: no such list
+  const int* slots;        // (T, len) int32, contiguous
+  const int* lengths;      // (T,) int32, or nullptr
+  long long block_stride;  // bytes between blocks
+  int len, tiles;          // entries per token, and their 64-slot tiles
+  int page_shift;          // P = 2^page_shift rows per block
+  int capacity;            // num_blocks * P
+};
 
 // A varlen call is indexed as one batch of total_q query rows (out (1, total_q, Hq, 512), lse
 // (1, Hq, total_q), tensor maps over (1, total, H, 512)); each work tile takes its sequence's
@@ -49,6 +64,13 @@ struct Mqa512Sm90Params {
   int num_splits;
   float* o_partial;
   float* lse_partial;
+  // Paged (dsv4_attention_paged): one batch of T = seqlen_q tokens with no kv rows (use_kv 0)
+  // and no compressed tensor; each token's keys are the rows of its window list, then of its
+  // compressed list (page_list[0], [1]), 64 slots per tile, gathered from the FP8 pages and
+  // dequantized by the producer (the CSA machinery: csa_slots carries each tile's mask).
+  int paged;
+  Mqa512PagedList page_list[2];
+  int lse_with_sink;  // 1: lse includes the sink (fmha, dsv4_attention); 0: the keys' only
 };
 
 }  // namespace dsv4

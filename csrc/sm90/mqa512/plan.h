@@ -35,6 +35,9 @@ struct Mqa512Shape {
   // A bound on the compressed rows one query sees, for the split-KV plan (HCA varlen: the
   // longest kv sequence over compress_ratio).
   int64_t max_compressed_rows = 0;
+  // Paged (dsv4_attention_paged; batch 1, seqlen_q = seqlen_k = T, no kv rows): the key tiles of
+  // each token's two slot lists together; 0: not paged.
+  int64_t paged_tiles = 0;
 };
 
 struct Mqa512Plan {
@@ -82,6 +85,7 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
       s.use_kv ? split_kv_max_key_tiles(s.longest_k, s.window_left, kMqa512KeysPerTile,
                                         kMqa512KeysPerTile)
                : 0;
+  if (s.paged_tiles > 0) max_key_tiles = s.paged_tiles * plan.tile_tokens;  // each token's lists
   if (s.compress_ratio > 0) {
     const int64_t rows = s.topk_k > 0 ? s.topk_k : s.max_compressed_rows;
     // CSA: each of a work tile's tokens walks its own list.
@@ -125,6 +129,8 @@ inline Mqa512Sm90Params mqa512_params(const Mqa512Shape& s, const Mqa512Plan& pl
   p.seqlen_c = static_cast<int>(s.seqlen_c);
   p.topk_k = static_cast<int>(s.topk_k);
   p.num_splits = plan.num_splits;
+  p.paged = s.paged_tiles > 0 ? 1 : 0;
+  p.lse_with_sink = p.paged ? 0 : 1;  // dsv4_attention_paged's lse leaves the sink out
   return p;
 }
 

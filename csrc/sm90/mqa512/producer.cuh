@@ -1,13 +1,16 @@
 // The producer warpgroup of the head_dim-512 kernel (traits.h has the protocol): it decodes each
 // work tile once for everyone, loads Q (and the rows' sinks), and fills the two key stages by
-// TMA or, for CSA's listed rows, by a cp.async gather.
+// TMA, for CSA's listed rows by a cp.async gather, or for a paged call's rows by loads that
+// dequantize the FP8 records into the tile.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/tma.cuh"
+#include "sm90/kv_cache/dequant.cuh"
 #include "sm90/mqa512/traits.h"
 #include "sm90/mqa512/work.cuh"
 #include "sm90/shared/trace.cuh"
@@ -21,6 +24,11 @@ template <typename Element>
 struct Mqa512Producer {
   using T = Mqa512Sm90Traits<Element>;
   static constexpr int kBlockN = T::kBlockN, kHalf = T::kHalfBlocks;
+  // Paged: where a 64-column block stages its fp8 bytes (its upper half: 64 rows x 64 bytes),
+  // and how many of a stage's tiles ahead the L2 prefetches run (3: 132 CTAs x 6 tiles x 37 KB
+  // stay well inside L2).
+  static constexpr uint32_t kPagedStagingOffset = T::kBlockBytes / 2;
+  static constexpr int kPagedAhead = 3;
 
   typename T::SharedStorage& s;
   const Mqa512Sm90Params& p;
@@ -154,6 +162,212 @@ struct Mqa512Producer {
           }
         }
         __syncwarp();  // converged before the next wait (see the Q load)
+      }
+    }
+  }
+
+  // Paged: this warp's key tiles of the work tile (r = stage, stage + 2, ... of the split's n):
+  // each token's window-list tiles, then its compressed-list tiles (csa_slots carries each
+  // tile's visible slots and token, as for CSA). Its own loop, apart from load_key_tiles, so
+  // that neither's registers weigh on the other.
+  __device__ __forceinline__ void load_paged_tiles(const Mqa512Progress& progress,
+                                                   const Mqa512WorkTile& w,
+                                                   const Mqa512KeySegments& seg,
+                                                   const SplitRange& range, int n) const {
+    // The records of this stage's next kPagedAhead tiles are on their way into L2 (one warp of
+    // the stage issues the prefetches) before its gathers wait for them, so those wait on L2,
+    // not on HBM; a window, so that a long work tile does not flush L2 with its own rows.
+    if (sub == 0) {
+#pragma unroll 1
+      for (int r = stage; r < min(n, stage + 2 * kPagedAhead); r += 2) prefetch_tile(w, seg, range.begin + r);
+    }
+#pragma unroll 1
+    for (int r = stage; r < n; r += 2) {
+      const uint32_t phase = progress.stage(stage, r >> 1);
+      if (sub == 0 && r + 2 * kPagedAhead < n) prefetch_tile(w, seg, range.begin + r + 2 * kPagedAhead);
+      int listed_lo, listed_hi, token, list;
+      paged_tile_slots(w, seg, range.begin + r, listed_lo, listed_hi, token, list);
+      const uint32_t valid_lo = __ballot_sync(0xffffffff, listed_lo >= 0);
+      const uint32_t valid_hi = __ballot_sync(0xffffffff, listed_hi >= 0);
+#pragma unroll 1
+      for (int k = 0; k < 2; ++k) {  // the consumer's own half first, as in load_key_tiles
+        const int half = stage ^ k;
+        ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage][half]), phase ^ 1);
+        if (k == 0 && sub == 0 && lane == 0) {
+          *reinterpret_cast<uint4*>(&s.csa_slots[stage][0]) =
+              make_uint4(valid_lo, valid_hi, uint32_t(token), 0u);
+        }
+        if (list == 0) {
+          gather_paged_blocks<0>(half, listed_lo, listed_hi);
+        } else {
+          gather_paged_blocks<1>(half, listed_lo, listed_hi);
+        }
+        __syncwarp();
+      }
+    }
+  }
+
+  __device__ __forceinline__ void prefetch_tile(const Mqa512WorkTile& w,
+                                                const Mqa512KeySegments& seg, int c_tile) const {
+    int lo, hi, token, list;
+    paged_tile_slots(w, seg, c_tile, lo, hi, token, list);
+    if (list == 0) {
+      prefetch_records<0>(lo);
+      prefetch_records<0>(hi);
+    } else {
+      prefetch_records<1>(lo);
+      prefetch_records<1>(hi);
+    }
+  }
+
+  // An L2 prefetch of slot `slot`'s record in list kList: its data row, and the 16 bytes
+  // around its scale row (-1: nothing).
+  template <int kList>
+  __device__ __forceinline__ void prefetch_records(int slot) const {
+    if (slot < 0) return;
+    const Mqa512PagedList& l = p.page_list[kList];
+    const int r = slot & ((1 << l.page_shift) - 1);
+    const uint8_t* block = l.base + static_cast<int64_t>(slot >> l.page_shift) * l.block_stride;
+    ptx::bulk_prefetch_l2(block + r * kKvDataBytes, kKvDataBytes);
+    ptx::bulk_prefetch_l2(block + (kKvDataBytes << l.page_shift) + (r * kKvScaleBytes & ~15), 16);
+  }
+
+  // Key tile c_tile of the work tile (no kv tiles: every tile is a listed one): its token, its
+  // list, and lane l's slots l and l + 32 of it.
+  __device__ __forceinline__ void paged_tile_slots(const Mqa512WorkTile& w,
+                                                   const Mqa512KeySegments& seg, int c_tile,
+                                                   int& lo, int& hi, int& token, int& list) const {
+    token = c_tile / seg.c_per_token;
+    const int j = c_tile - token * seg.c_per_token;
+    const int row = w.tok0 + token;  // a paged call is one batch: token t's lists are row t's
+    list = j < p.page_list[0].tiles ? 0 : 1;
+    if (list == 0) {
+      paged_slots<0>(row, j * kBlockN + lane, lo, hi);
+    } else {
+      paged_slots<1>(row, (j - p.page_list[0].tiles) * kBlockN + lane, lo, hi);
+    }
+  }
+
+  // Lane l's entries l and l + 32 of the 64 slots from `slot0 - lane` on in list kList of token
+  // row `row` (-1 where not read).
+  template <int kList>
+  __device__ __forceinline__ void paged_slots(int row, int slot0, int& lo, int& hi) const {
+    const Mqa512PagedList& l = p.page_list[kList];
+    const int* listed = l.slots + static_cast<int64_t>(row) * l.len;
+    const int length = l.lengths != nullptr ? l.lengths[row] : l.len;
+    lo = mqa512_paged_slot(listed, l.len, l.capacity, length, slot0);
+    hi = mqa512_paged_slot(listed, l.len, l.capacity, length, slot0 + 32);
+  }
+
+  // This warp's two 64-column blocks (cb0 = 4 half + sub, cb0 + 2) of half `half` of its stage,
+  // from the FP8 records of list kList's listed slots (-1: zeros). Every copy of both blocks
+  // is issued by cp.async (no registers held: all of them in flight at once), this lane waits
+  // for its own, then it converts what it copied: fp8 blocks from staging in the block's own
+  // upper 4 KB to bf16 (or fp16) in place, the bf16 tail (block 7) copied straight to its
+  // place (converted there for fp16). After a warp sync lane 0 gives each block's one arrival;
+  // the consumers fence the proxies before their wgmmas read it.
+  template <int kList>
+  __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
+    const int cb0 = kHalf * half + sub;
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      if (cb0 + 2 * b == kKvTiles) {
+        issue_paged_tail<kList>(cb0 + 2 * b, listed_lo, listed_hi);
+      } else {
+        issue_paged_fp8<kList>(cb0 + 2 * b, b, listed_lo, listed_hi);
+      }
+    }
+    ptx::cp_async_wait_all();
+#pragma unroll 1
+    for (int b = 0; b < 2; ++b) {
+      const int cb = cb0 + 2 * b;
+      if (cb == kKvTiles) {
+        convert_paged_tail(cb);
+      } else {
+        convert_paged_fp8(cb, b);
+      }
+      __syncwarp();  // every lane's stores of the block before lane 0's arrival
+      if (lane == 0) ptx::mbarrier_arrive(kv_full(stage, cb));
+    }
+  }
+
+  // Block cb's fp8 bytes, row r at byte 4096 + 64 r of the block (lane 4 q + part copies 16
+  // bytes of rows q + 8 i), and each row's scale word (the 4 bytes holding tile cb's byte) into
+  // paged_scale[stage][sub][b].
+  template <int kList>
+  __device__ __forceinline__ void issue_paged_fp8(int cb, int b, int listed_lo,
+                                                  int listed_hi) const {
+    const Mqa512PagedList& l = p.page_list[kList];
+    const int part = lane % 4, row_sub = lane / 4;
+    const uint32_t staging = ptx::smem_addr(&s.kv[stage][cb][0][0]) + kPagedStagingOffset;
+#pragma unroll 2  // cp.async holds no registers: a rolled loop keeps them all in flight
+    for (int i = 0; i < kBlockN / 8; ++i) {
+      const int row = row_sub + 8 * i;
+      const int slot = __shfl_sync(0xffffffff, i < 4 ? listed_lo : listed_hi, row % 32);
+      const int safe = max(slot, 0);
+      const int r = safe & ((1 << l.page_shift) - 1);
+      const uint8_t* block = l.base + static_cast<int64_t>(safe >> l.page_shift) * l.block_stride;
+      ptx::cp_async_16_zfill(staging + row * 64 + part * 16, block + r * kKvDataBytes + cb * 64 + part * 16,
+                             slot >= 0);
+      if (part == 0) {
+        ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][sub][b][row]),
+                              block + (kKvDataBytes << l.page_shift) + r * kKvScaleBytes + (cb & ~3),
+                              slot >= 0);
+      }
+    }
+  }
+
+  // Block 7 (dims 448-511, the record's bf16 part) straight to its swizzled place: lane
+  // 8 q + part copies 16-byte chunk `part` of rows q + 4 i, as gather_blocks does.
+  template <int kList>
+  __device__ __forceinline__ void issue_paged_tail(int cb, int listed_lo, int listed_hi) const {
+    const Mqa512PagedList& l = p.page_list[kList];
+    const int part = lane % 8, row_sub = lane / 8;
+    const uint32_t dst0 = ptx::smem_addr(&s.kv[stage][cb][0][0]) + row_sub * 128 + ((part ^ row_sub) << 4);
+#pragma unroll 2
+    for (int i = 0; i < kBlockN / 4; ++i) {
+      const int slot = __shfl_sync(0xffffffff, i < 8 ? listed_lo : listed_hi, (row_sub + 4 * i) % 32);
+      const int safe = max(slot, 0);
+      const int r = safe & ((1 << l.page_shift) - 1);
+      const uint8_t* block = l.base + static_cast<int64_t>(safe >> l.page_shift) * l.block_stride;
+      ptx::cp_async_16_zfill((dst0 ^ (i % 2 ? 64u : 0u)) + 4 * 128 * i,
+                             block + r * kKvDataBytes + kKvQuantDims + part * 16, slot >= 0);
+    }
+  }
+
+  // Block cb's staged fp8 rows times their tiles' scales, into the swizzled tile: lane 4 q + part
+  // converts its own 16 bytes of rows q + 8 i to chunks 2 part and 2 part + 1 of the row, at
+  // (2 part) ^ q and (2 part + 1) ^ q. A step's stores may overwrite staged rows of the same
+  // step (row 56 + q's output covers staged rows 48-63), so the warp syncs between its loads
+  // and its stores.
+  __device__ __forceinline__ void convert_paged_fp8(int cb, int b) const {
+    const int part = lane % 4, row_sub = lane / 4;
+    char* tile = reinterpret_cast<char*>(&s.kv[stage][cb][0][0]);
+#pragma unroll
+    for (int i = 0; i < kBlockN / 8; ++i) {
+      const int row = row_sub + 8 * i;
+      const uint4 raw = *reinterpret_cast<const uint4*>(tile + kPagedStagingOffset + row * 64 + part * 16);
+      const uint32_t word = s.paged_scale[stage][sub][b][row];
+      __syncwarp();
+      uint4 out[2];
+      kv_dequant16<Element>(raw, kv_scale_of(static_cast<uint8_t>(word >> (8 * (cb % 4)))), out);
+      char* dst = tile + row * 128;
+      *reinterpret_cast<uint4*>(dst + (((2 * part) ^ row_sub) << 4)) = out[0];
+      *reinterpret_cast<uint4*>(dst + (((2 * part + 1) ^ row_sub) << 4)) = out[1];
+    }
+  }
+
+  // Block 7 for an fp16 tile: each lane's own chunks from bf16 to fp16 in place (nothing to do
+  // for bf16).
+  __device__ __forceinline__ void convert_paged_tail(int cb) const {
+    if constexpr (!std::is_same_v<Element, __nv_bfloat16>) {
+      const int part = lane % 8, row_sub = lane / 8;
+      char* dst0 = reinterpret_cast<char*>(&s.kv[stage][cb][0][0]) + row_sub * 128 + ((part ^ row_sub) << 4);
+#pragma unroll 2
+      for (int i = 0; i < kBlockN / 4; ++i) {
+        uint4* chunk = reinterpret_cast<uint4*>(
+            reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(dst0) ^ (i % 2 ? 64u : 0u)) + 4 * 128 * i);
+        *chunk = kv_tail8<Element>(*chunk);
       }
     }
   }

@@ -92,6 +92,11 @@ struct Mqa512Sm90Traits {
   static constexpr uint32_t kProducerRegs = 56, kConsumerRegs = 224;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * 168,
                 "register budget: the CTA's launch allocation");
+  // The paged instantiation's producer converts FP8 rows: at 56 its fp16 build spilled its
+  // tile-loop state; its consumers fit 216.
+  static constexpr uint32_t kPagedProducerRegs = 64, kPagedConsumerRegs = 216;
+  static_assert(128 * kPagedProducerRegs + kConsumerThreads * kPagedConsumerRegs <= kThreads * 168,
+                "register budget: the CTA's launch allocation");
 
   struct alignas(1024) SharedStorage {
     Element q[kColBlocks][kBlockM][64];
@@ -111,6 +116,9 @@ struct Mqa512Sm90Traits {
     // [stage]: a CSA tile's visible slots (key rows 0-31, 32-63) and the token of the work tile
     // whose list it holds (one 16-byte read for the consumer's mask).
     alignas(16) uint32_t csa_slots[2][4];
+    // Paged: [stage][producer warp of the stage][its block of the half][key row]: the scale
+    // word (the 4 bytes holding the block's UE8M0 byte) of each gathered row.
+    uint32_t paged_scale[2][2][2][kBlockN];
     uint64_t q_full, q_empty;
     uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
     uint64_t kv_empty[2][2];          // [stage][half of head_dim]

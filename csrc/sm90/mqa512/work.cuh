@@ -96,16 +96,21 @@ __device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, 
   return w >= 0 && w < closed ? w : -1;
 }
 
+// paged: p.paged, known at compile time (the kernel's instantiation).
 __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm90Params& p,
                                                                  const Mqa512WorkTile& w,
-                                                                 int block_n) {
+                                                                 int block_n, bool paged) {
   Mqa512KeySegments k;
   k.kv = visible_key_tiles(w.shape, w.tok0, p.tile_tokens, block_n);
   k.kv_key0 = visible_keys(w.shape, k.kv.pos_lo).lo;
   const int kv_keys = visible_keys(w.shape, k.kv.pos_hi).hi - k.kv_key0;
   k.num_kv = p.use_kv && kv_keys > 0 ? (kv_keys + block_n - 1) / block_n : 0;
   k.c_per_token = 0;
-  if (p.compress_ratio == 0) {
+  if (paged) {
+    // Each of the tile's tokens walks its window list's tiles, then its compressed list's.
+    k.c_per_token = p.page_list[0].tiles + p.page_list[1].tiles;
+    k.num_c = k.c_per_token * max(k.kv.pos_hi - k.kv.pos_lo + 1, 0);
+  } else if (p.compress_ratio == 0) {
     k.num_c = 0;
   } else if (p.topk != nullptr) {
     // Every listed slot, 64 per tile, for each of the tile's tokens in its sequence. (A warp
@@ -119,6 +124,20 @@ __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm9
     k.num_c = (mqa512_closed_rows(p, w, k.kv.pos_hi) + block_n - 1) / block_n;
   }
   return k;
+}
+
+// Whether the compressed tiles are gathered by the producer warps (CSA's listed rows, or a
+// paged call's FP8 rows) rather than loaded by TMA: their validity comes in csa_slots.
+__device__ __forceinline__ bool mqa512_gathers(const Mqa512Sm90Params& p) {
+  return p.topk != nullptr || p.paged;
+}
+
+// A paged list's entry `slot` of one token (`listed`: its len entries, `length` of them read),
+// or -1 where it is not read.
+__device__ __forceinline__ int mqa512_paged_slot(const int* listed, int len, int capacity,
+                                                 int length, int slot) {
+  const int s = slot < length && slot < len ? listed[slot] : -1;
+  return s >= 0 && s < capacity ? s : -1;
 }
 
 // Whether the kernel folds in the sinks, which then travel with Q (a split's rows leave them to

@@ -158,13 +158,21 @@ __device__ __forceinline__ void finish_row_sum(float sum, float row_max, bool ha
   if (has_sink) {
     const float m_all = fmaxf(row_max, sink_log2);
     const float keep = ptx::exp2_approx(row_max - m_all);  // 0 when nothing was visible
-    sum = sum * keep + ptx::exp2_approx(sink_log2 - m_all);
+    // (A sink of +inf is m_all: its term is 1, not inf - inf, and out is 0.)
+    sum = sum * keep + (sink_log2 == m_all ? 1.f : ptx::exp2_approx(sink_log2 - m_all));
     inv = keep / sum;
     lse = (m_all + __log2f(sum)) * kLn2;
   } else if (sum > 0.f) {
     inv = 1.f / sum;
     lse = (row_max + __log2f(sum)) * kLn2;
   }
+}
+
+// The lse of the keys alone (no sink) from a row's full sum and max (log2 units): -inf when
+// nothing was visible.
+__device__ __forceinline__ float keys_lse(float sum, float row_max) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  return sum > 0.f ? (row_max + __log2f(sum)) * kLn2 : __int_as_float(0xff800000);
 }
 
 // finish_row_sum from this thread's partial sum.

@@ -40,7 +40,7 @@ inline int64_t split_kv_max_key_tiles(int64_t seqlen_k, int64_t window_left, int
 
 // Each split leaves its rows normalised by its own softmax sum (no sink) and that sum's lse;
 // the combine weights them by exp(lse_split - lse), folds the sink in once, and writes the
-// output and lse.
+// output and lse (with the sink, or the keys' alone).
 struct SplitKvCombineParams {
   const float* o_partial;    // [splits][rows][head_dim]; rows in (batch, token, head) order
   const float* lse_partial;  // [splits][rows], natural log; -inf for a split that saw no key
@@ -48,6 +48,7 @@ struct SplitKvCombineParams {
   float* lse;                // (B, Hq, Sq): row (b, t, h) -> (b * Hq + h) * Sq + t
   const float* sinks;        // (Hq,) or nullptr
   int splits, rows, heads, seqlen_q;
+  int lse_with_sink;         // 1: lse includes the sink; 0: the keys' lse alone
 };
 
 }  // namespace dsv4

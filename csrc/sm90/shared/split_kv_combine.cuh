@@ -34,9 +34,8 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps, 1)
   // The splits' lse are read in parallel (lane l holds splits l, l + 32, ...) and their
   // weights broadcast from there, and the partial rows' loads are unrolled: a decode call has
   // few rows, so this kernel's time is its chain of global-load latencies, not bandwidth.
-  const float sink = p.sinks != nullptr ? p.sinks[head] : neg_inf;
   const float* lse_row = p.lse_partial + row;
-  float m = sink;
+  float m = neg_inf;  // the splits' largest lse
   for (int s = lane; s < p.splits; s += 32) m = fmaxf(m, lse_row[static_cast<size_t>(s) * p.rows]);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -48,8 +47,8 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps, 1)
 #pragma unroll
     for (int e = 0; e < kWidth; ++e) acc[v][e] = 0.f;
   }
-  float z = 0.f, lse = neg_inf;
-  if (m != neg_inf) {  // else nothing visible and no sink: out 0, lse -inf
+  float z = 0.f, lse_keys = neg_inf;
+  if (m != neg_inf) {  // else no split saw a key
     float z_lane = 0.f;
     for (int s0 = 0; s0 < p.splits; s0 += 32) {
       const int count = min(32, p.splits - s0);
@@ -76,10 +75,23 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps, 1)
     for (int offset = 16; offset > 0; offset /= 2) {
       z_lane += __shfl_xor_sync(0xffffffff, z_lane, offset);
     }
-    z = z_lane + (p.sinks != nullptr ? expf(sink - m) : 0.f);
-    lse = m + logf(z);
+    z = z_lane;
+    lse_keys = m + logf(z);
   }
-  const float inv = z > 0.f ? 1.f / z : 0.f;
+  // The sink joins the denominator once: lse = logaddexp(lse_keys, sink), and the keys keep
+  // exp(lse_keys - lse) of the weight (0 for a sink of +inf; out 0, lse -inf with no key and
+  // no sink).
+  float lse = lse_keys, keep = 1.f;
+  if (p.sinks != nullptr) {
+    const float sink = p.sinks[head], top = fmaxf(lse_keys, sink);
+    if (top == -neg_inf) {
+      lse = top;
+    } else if (top != neg_inf) {
+      lse = top + logf(expf(lse_keys - top) + expf(sink - top));
+    }
+    keep = expf(lse_keys - lse);
+  }
+  const float inv = z > 0.f ? keep / z : 0.f;
   Element* out = static_cast<Element*>(p.out) + static_cast<size_t>(row) * kHeadDim;
 #pragma unroll
   for (int v = 0; v < kVec; ++v) {
@@ -91,14 +103,19 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps, 1)
       *reinterpret_cast<uint32_t*>(dst) = ptx::pack2<Element>(acc[v][0] * inv, acc[v][1] * inv);
     }
   }
-  if (lane == 0) p.lse[(static_cast<size_t>(batch) * p.heads + head) * p.seqlen_q + token] = lse;
+  if (lane == 0) {
+    p.lse[(static_cast<size_t>(batch) * p.heads + head) * p.seqlen_q + token] =
+        p.lse_with_sink ? lse : lse_keys;
+  }
 }
 
 // Queues the combine of a split attention kernel's partials (its parameter struct `p`: the
-// partial buffers, sinks, num_splits and the (batch, seqlen_q, heads_q) rows) into out and lse.
+// partial buffers, sinks, num_splits and the (batch, seqlen_q, heads_q) rows) into out and lse
+// (lse_with_sink false: the keys' lse alone).
 // The caller checks the launch.
 template <typename Element, int kHeadDim, typename KernelParams>
-void launch_split_kv_combine(const KernelParams& p, void* out, float* lse, cudaStream_t stream) {
+void launch_split_kv_combine(const KernelParams& p, void* out, float* lse, cudaStream_t stream,
+                             bool lse_with_sink = true) {
   SplitKvCombineParams c;
   c.o_partial = p.o_partial;
   c.lse_partial = p.lse_partial;
@@ -109,6 +126,7 @@ void launch_split_kv_combine(const KernelParams& p, void* out, float* lse, cudaS
   c.rows = p.batch * p.seqlen_q * p.heads_q;
   c.heads = p.heads_q;
   c.seqlen_q = p.seqlen_q;
+  c.lse_with_sink = lse_with_sink ? 1 : 0;
   const unsigned blocks =
       static_cast<unsigned>((c.rows + kSplitKvCombineWarps - 1) / kSplitKvCombineWarps);
   split_kv_combine_kernel<Element, kHeadDim><<<blocks, 32 * kSplitKvCombineWarps, 0, stream>>>(c);
