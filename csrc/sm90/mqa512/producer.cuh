@@ -261,11 +261,12 @@ struct Mqa512Producer {
 
   // This warp's two 64-column blocks (cb0 = 4 half + sub, cb0 + 2) of half `half` of its stage,
   // from the FP8 records of list kList's listed slots (-1: zeros). Every copy of both blocks
-  // is issued by cp.async (no registers held: all of them in flight at once), this lane waits
-  // for its own, then it converts what it copied: fp8 blocks from staging in the block's own
-  // upper 4 KB to bf16 (or fp16) in place, the bf16 tail (block 7) copied straight to its
-  // place (converted there for fp16). After a warp sync lane 0 gives each block's one arrival;
-  // the consumers fence the proxies before their wgmmas read it.
+  // is issued by cp.async (no registers held: all of them in flight at once); each lane waits
+  // for its own and the warp syncs (a row's scale word is one lane's copy). Then each lane
+  // converts what it copied: fp8 bytes from staging in the block's own upper 4 KB to bf16 (or
+  // fp16) in place; the bf16 tail (block 7) was copied straight to its place (converted there
+  // for fp16). After a warp sync lane 0 gives each block's one arrival; the consumers fence
+  // the proxies before their wgmmas read it.
   template <int kList>
   __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
     const int cb0 = kHalf * half + sub;
@@ -278,6 +279,7 @@ struct Mqa512Producer {
       }
     }
     ptx::cp_async_wait_all();
+    __syncwarp();  // a row's scale word was copied by its part-0 lane, and all four read it
 #pragma unroll 1
     for (int b = 0; b < 2; ++b) {
       const int cb = cb0 + 2 * b;
