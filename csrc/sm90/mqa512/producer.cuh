@@ -177,14 +177,15 @@ struct Mqa512Producer {
     // The records of this stage's next kPagedAhead tiles are on their way into L2 (one warp of
     // the stage issues the prefetches) before its gathers wait for them, so those wait on L2,
     // not on HBM; a window, so that a long work tile does not flush L2 with its own rows.
+    constexpr int kAhead = 2 * kPagedAhead;  // this stage's tiles are every other one
     if (sub == 0) {
 #pragma unroll 1
-      for (int r = stage; r < min(n, stage + 2 * kPagedAhead); r += 2) prefetch_tile(w, seg, range.begin + r);
+      for (int r = stage; r < min(n, stage + kAhead); r += 2) prefetch_tile(w, seg, range.begin + r);
     }
 #pragma unroll 1
     for (int r = stage; r < n; r += 2) {
       const uint32_t phase = progress.stage(stage, r >> 1);
-      if (sub == 0 && r + 2 * kPagedAhead < n) prefetch_tile(w, seg, range.begin + r + 2 * kPagedAhead);
+      if (sub == 0 && r + kAhead < n) prefetch_tile(w, seg, range.begin + r + kAhead);
       int listed_lo, listed_hi, token, list;
       paged_tile_slots(w, seg, range.begin + r, listed_lo, listed_hi, token, list);
       const uint32_t valid_lo = __ballot_sync(0xffffffff, listed_lo >= 0);
@@ -309,12 +310,13 @@ struct Mqa512Producer {
       const int safe = max(slot, 0);
       const int r = safe & ((1 << l.page_shift) - 1);
       const uint8_t* block = l.base + static_cast<int64_t>(safe >> l.page_shift) * l.block_stride;
-      ptx::cp_async_16_zfill(staging + row * 64 + part * 16, block + r * kKvDataBytes + cb * 64 + part * 16,
+      const uint8_t* record = block + r * kKvDataBytes;
+      ptx::cp_async_16_zfill(staging + row * 64 + part * 16, record + cb * 64 + part * 16,
                              slot >= 0);
       if (part == 0) {
+        const uint8_t* scales = block + (kKvDataBytes << l.page_shift) + r * kKvScaleBytes;
         ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][sub][b][row]),
-                              block + (kKvDataBytes << l.page_shift) + r * kKvScaleBytes + (cb & ~3),
-                              slot >= 0);
+                              scales + (cb & ~3), slot >= 0);
       }
     }
   }
@@ -325,10 +327,12 @@ struct Mqa512Producer {
   __device__ __forceinline__ void issue_paged_tail(int cb, int listed_lo, int listed_hi) const {
     const Mqa512PagedList& l = p.page_list[kList];
     const int part = lane % 8, row_sub = lane / 8;
-    const uint32_t dst0 = ptx::smem_addr(&s.kv[stage][cb][0][0]) + row_sub * 128 + ((part ^ row_sub) << 4);
+    const uint32_t dst0 =
+        ptx::smem_addr(&s.kv[stage][cb][0][0]) + row_sub * 128 + ((part ^ row_sub) << 4);
 #pragma unroll 2
     for (int i = 0; i < kBlockN / 4; ++i) {
-      const int slot = __shfl_sync(0xffffffff, i < 8 ? listed_lo : listed_hi, (row_sub + 4 * i) % 32);
+      const int slot =
+          __shfl_sync(0xffffffff, i < 8 ? listed_lo : listed_hi, (row_sub + 4 * i) % 32);
       const int safe = max(slot, 0);
       const int r = safe & ((1 << l.page_shift) - 1);
       const uint8_t* block = l.base + static_cast<int64_t>(safe >> l.page_shift) * l.block_stride;
@@ -348,7 +352,8 @@ struct Mqa512Producer {
 #pragma unroll
     for (int i = 0; i < kBlockN / 8; ++i) {
       const int row = row_sub + 8 * i;
-      const uint4 raw = *reinterpret_cast<const uint4*>(tile + kPagedStagingOffset + row * 64 + part * 16);
+      const uint4 raw =
+          *reinterpret_cast<const uint4*>(tile + kPagedStagingOffset + row * 64 + part * 16);
       const uint32_t word = s.paged_scale[stage][sub][b][row];
       __syncwarp();
       uint4 out[2];
@@ -364,11 +369,11 @@ struct Mqa512Producer {
   __device__ __forceinline__ void convert_paged_tail(int cb) const {
     if constexpr (!std::is_same_v<Element, __nv_bfloat16>) {
       const int part = lane % 8, row_sub = lane / 8;
-      char* dst0 = reinterpret_cast<char*>(&s.kv[stage][cb][0][0]) + row_sub * 128 + ((part ^ row_sub) << 4);
+      char* tile = reinterpret_cast<char*>(&s.kv[stage][cb][0][0]);
 #pragma unroll 2
-      for (int i = 0; i < kBlockN / 4; ++i) {
-        uint4* chunk = reinterpret_cast<uint4*>(
-            reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(dst0) ^ (i % 2 ? 64u : 0u)) + 4 * 128 * i);
+      for (int i = 0; i < kBlockN / 4; ++i) {  // row row_sub + 4 i, chunk part (as issued)
+        uint4* chunk = reinterpret_cast<uint4*>(tile + (row_sub + 4 * i) * 128 +
+                                                ((((part ^ row_sub) << 4)) ^ (i % 2 ? 64 : 0)));
         *chunk = kv_tail8<Element>(*chunk);
       }
     }
