@@ -153,6 +153,36 @@ def test_bad_inputs_name_the_argument():
             fn()
 
 
+def test_fake_kernel_checks_like_the_op():
+    """Under FakeTensorMode (what torch.compile traces with) the fake kernel rejects bad inputs
+    with the op's own messages, and gives lse's shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    real = dict(q=torch.randn(3, 8, D).bfloat16(), cache=new_cache(2, 64, "cpu"),
+                slots=torch.zeros(3, 4, dtype=torch.int32),
+                lens=torch.full((3,), 4, dtype=torch.int32))
+    with FakeTensorMode() as mode:
+        f = {k: mode.from_tensor(v) for k, v in real.items()}
+        call = torch.ops.dsv4.dsv4_attention_paged
+        lse = call(f["q"], f["cache"], f["slots"], window_lengths=f["lens"],
+                   out=torch.empty_like(f["q"]))
+        assert lse.shape == (8, 3) and lse.dtype == torch.float32
+        bad = [
+            (lambda: call(f["q"], f["cache"], f["slots"].long(), out=torch.empty_like(f["q"])),
+             "window_slots must be Int"),
+            (lambda: call(f["q"], f["cache"], f["slots"][:2], out=torch.empty_like(f["q"])),
+             "window_slots.size(0)"),
+            (lambda: call(f["q"], f["cache"], f["slots"], compressed_lengths=f["lens"],
+                          out=torch.empty_like(f["q"])), "compressed_lengths needs"),
+            (lambda: call(f["q"], f["cache"][..., :576], f["slots"], out=torch.empty_like(f["q"])),
+             "window_cache.size(3)"),
+            (lambda: call(f["q"], f["cache"], f["slots"], out=torch.empty_like(f["q"]).float()),
+             "out must have the same dtype"),
+        ]
+        for fn, text in bad:
+            with pytest.raises(RuntimeError, match=text.replace("(", r"\(").replace(")", r"\)")):
+                fn()
+
+
 def test_opcheck_and_compile_fullgraph():
     """The op as a custom op: opcheck (the schema's mutation of out, the fake kernel), and a
     decode step under torch.compile(fullgraph=True) equal to eager."""

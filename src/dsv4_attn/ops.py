@@ -29,6 +29,7 @@ def _given(defaults: dict, options: dict) -> dict:
 
 _FMHA_DEFAULTS = _schema_defaults(_ops.fmha)
 _DSV4_ATTENTION_DEFAULTS = _schema_defaults(_ops.dsv4_attention)
+_DSV4_PAGED_DEFAULTS = _schema_defaults(_ops.dsv4_attention_paged)
 
 
 def fmha(
@@ -258,11 +259,12 @@ def dsv4_attention_paged(
     """
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = _ops.dsv4_attention_paged(q, window_cache, window_slots, window_lengths=window_lengths,
-                                    compressed_cache=compressed_cache,
-                                    compressed_slots=compressed_slots,
-                                    compressed_lengths=compressed_lengths, sinks=sinks,
-                                    scale=scale, out=out)
+    lse = _ops.dsv4_attention_paged(q, window_cache, window_slots, out=out, **_given(
+        _DSV4_PAGED_DEFAULTS, dict(window_lengths=window_lengths,
+                                   compressed_cache=compressed_cache,
+                                   compressed_slots=compressed_slots,
+                                   compressed_lengths=compressed_lengths, sinks=sinks,
+                                   scale=scale)))
     return out, lse
 
 
@@ -347,8 +349,9 @@ def launch_plan(op: str, *args, **kwargs) -> str:
     (the kernel family, tile shape, splits, grid, ...) or "reference: <why not sm90>". op is
     the op's name ("fmha", "dsv4_attention", "merge_attn_states", "chunk_gated_delta_rule",
     "chunk_simple_gla", "dsv4_indexer_topk", "gated_delta_rule_decode", "kv_cache_insert_fp8",
-    "kv_cache_gather_fp8", "dsv4_attention_paged"); the arguments are the op's. With DSV4_PLAN_ASSUME_SM90=N set, it plans
-    for an sm_90 GPU of N SMs whatever the tensors' device (for tests without a GPU)."""
+    "kv_cache_gather_fp8", "dsv4_attention_paged"); the arguments are the op's. With
+    DSV4_PLAN_ASSUME_SM90=N set, it plans for an sm_90 GPU of N SMs whatever the tensors'
+    device (for tests without a GPU)."""
     return getattr(_ops, f"_{op}_plan")(*args, **kwargs)
 
 
