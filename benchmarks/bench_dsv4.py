@@ -26,7 +26,9 @@ case first. Without the peer the table prints "n/a" in its columns. --no-vs-flas
 A third table times dsv4_attention_paged's decode steps from the paged FP8 caches (issue 45's
 rows, 32k context) beside FlashMLA's sparse FP8 decode on the same pages (its plan reused, heads
 padded to 64) and the step's floor, each step timed as one of 20 in a CUDA graph, as an
-engine's decode graph runs them; --only-paged-decode prints only that table.
+engine's decode graph runs them; a fourth its prefill rows (S = 8192 at 64k context) beside
+FlashMLA's bf16 sparse prefill and our bf16 dsv4_attention. --only-paged-decode prints only
+those two tables.
 """
 import argparse
 import math
@@ -282,6 +284,59 @@ def rows_paged_decode(decode, ceil, device, quick):
     return rows
 
 
+def paged_prefill_inputs(kind, hq, device):
+    """The issue-45 prefill rows from FP8 pages: layer_inputs' layer (S = 8192 at 64k context)
+    with its kv rows in a window cache (slot = position, pages of 64), its compressed rows in a
+    compressed cache, each token's window list its 128 positions, and its compressed list the
+    CSA top-k or every closed HCA row. Returns the paged call's arguments and the bf16 layer's."""
+    q, kv, kw, t, closed = layer_inputs(kind, 8192, 65536, hq, 512, device, torch.bfloat16)
+
+    def cache_of(rows):
+        n, page = rows.shape[0], 64
+        blocks, stride = (n + page - 1) // page, (page * 584 + 575) // 576 * 576
+        cache = torch.zeros(blocks * stride, dtype=torch.uint8, device=device).as_strided(
+            (blocks, page, 1, 584), (stride, 584, 584, 1))
+        dsv4_attn.kv_cache_insert_fp8(rows, cache, torch.arange(n, device=device))
+        return cache
+
+    ws = (t[:, None] - torch.arange(WINDOW - 1, -1, -1, device=device)[None]).int()
+    comp = kw["compressed_kv"][0]
+    if kind == "CSA":
+        cs = kw["topk_indices"][0]
+    else:
+        rows = torch.arange(comp.shape[0], device=device)[None].expand(t.shape[0], -1)
+        cs = torch.where(rows < closed[:, None], rows, -1).int().contiguous()
+    paged = dict(sinks=kw["sinks"], scale=SCALE, compressed_cache=cache_of(comp),
+                 compressed_slots=cs)
+    return q[0], cache_of(kv[0]), torch.where(ws >= 0, ws, -1), paged, (q, kv, kw, t, closed)
+
+
+def rows_paged_prefill(flashmla, device, quick):
+    """dsv4_attention_paged on issue 45's prefill rows beside FlashMLA's bf16 sparse prefill on
+    the same layer (heads padded to 64) and our bf16 dsv4_attention."""
+    rows = []
+    specs = [("CSA", 64), ("CSA", 128), ("HCA", 64), ("HCA", 128)]
+    for kind, hq in specs[:1] if quick else specs:
+        q, window, ws, kw, layer = paged_prefill_inputs(kind, hq, device)
+        path = dsv4_attn.dsv4_attention_paged_path(q, window, ws, **kw)
+        out = torch.empty_like(q)
+        ours = common.bench_ms(lambda: dsv4_attn.dsv4_attention_paged(q, window, ws, out=out, **kw),
+                               warmup=2, rep=10, budget_ms=None)
+        bq, bkv, bkw, t, closed = layer
+        bf16 = common.bench_ms(lambda: dsv4_attn.dsv4_attention(bq, bkv, **bkw), warmup=2, rep=10,
+                               budget_ms=None)
+        peer = None
+        if flashmla is not None:
+            a = flashmla_inputs(kind, bq, bkv, bkw, t, closed, max(hq, 64))
+            peer = common.bench_ms(lambda: flashmla(a[0], a[1], a[2], SCALE, D, a[3], a[4], None),
+                                   warmup=2, rep=10, budget_ms=None)
+        what = "CSA top-512" if kind == "CSA" else "HCA"
+        rows.append([f"{what}, 8k chunk at 64k context", str(hq), path, f"{ours:.3f}",
+                     f"{bf16:.3f}", f"{peer:.3f}" if peer else "n/a",
+                     f"{peer / ours:.2f}x" if peer else "n/a"])
+    return rows
+
+
 def check_paged_decode(decode, device):
     """Ours and FlashMLA's decode on one small CSA step: max |difference| of the outputs, and
     ours against the float64 oracle on two tokens."""
@@ -399,7 +454,7 @@ def main(argv=None):
     ap.add_argument("--only-vs-flashmla", action="store_true",
                     help="only the table against FlashMLA (no status block)")
     ap.add_argument("--only-paged-decode", action="store_true",
-                    help="only the table of paged FP8 decode steps (no status block)")
+                    help="only the paged FP8 tables, decode and prefill (no status block)")
     ap.add_argument("--status-out", default=None, metavar="PATH",
                     help="write the table as a status block for benchmarks/update_status.py")
     args = ap.parse_args(argv)
@@ -450,8 +505,9 @@ def main(argv=None):
                      common.format_table(mla_headers, mla_rows, markdown=True))
     paged = not args.only_vs_flashmla
     if paged:
+        prefill_peer = load_flashmla()  # sparse_prefill_fwd; the library also has the decode
         decode = None
-        if load_flashmla() is not None:
+        if prefill_peer is not None:
             decode = getattr(torch.ops._flashmla_C, "sparse_decode_fwd", None)
         oracle_err, peer_diff = check_paged_decode(decode, device)
         paged_note = (f"dsv4_attention_paged decode from FP8 pages, 32k context; FlashMLA sparse "
@@ -464,6 +520,14 @@ def main(argv=None):
         paged_rows = rows_paged_decode(decode, ceil, device, args.quick)
         table_md += "\n\n" + paged_note + "\n\n" + common.format_table(paged_headers, paged_rows,
                                                                           markdown=True)
+        prefill_note = ("dsv4_attention_paged prefill from FP8 pages (S = 8192, each token's "
+                        "window list its 128 positions) beside FlashMLA's bf16 sparse prefill: "
+                        + ("vLLM 0.26's sm90 build" if prefill_peer else "not loaded"))
+        prefill_headers = ["layer", "Hq", "path", "paged ms", "dsv4 bf16 ms", "FlashMLA bf16 ms",
+                           "paged vs FlashMLA"]
+        prefill_rows = rows_paged_prefill(prefill_peer, device, args.quick)
+        table_md += ("\n\n" + prefill_note + "\n\n" +
+                     common.format_table(prefill_headers, prefill_rows, markdown=True))
     kv_headers = ["paged FP8 cache op", "path", "us", "GB/s moved", "of copy"]
     kv_rows = [] if args.only_paged_decode else rows_kv_cache(ceil, device)
     if kv_rows:
@@ -481,6 +545,9 @@ def main(argv=None):
         print()
         print(paged_note)
         print(common.format_table(paged_headers, paged_rows))
+        print()
+        print(prefill_note)
+        print(common.format_table(prefill_headers, prefill_rows))
     if kv_rows:
         print()
         print(common.format_table(kv_headers, kv_rows))
