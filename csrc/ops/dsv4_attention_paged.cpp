@@ -128,11 +128,7 @@ struct PagedDispatch {
 PagedDispatch dispatch(const Dsv4PagedCall& c, bool for_plan) {
   const Overrides overrides = read_overrides();
   PagedDispatch d{mqa512_problem(c), {}};
-  if (d.problem.shape.paged_tiles == 0) {
-    d.route = Route<Mqa512Plan>::reference("empty slot lists");
-  } else {
-    d.route = route_mqa512_paged(d.problem, device_facts(c.q, overrides, for_plan), overrides);
-  }
+  d.route = route_mqa512(d.problem, device_facts(c.q, overrides, for_plan), overrides);
   return d;
 }
 

@@ -7,6 +7,53 @@
 
 namespace dsv4 {
 
+namespace {
+
+// Why the kernel cannot read a dense or varlen call's tensors, or nullptr.
+const char* tensors_unsupported(const Mqa512Problem& pr) {
+  const Mqa512Shape& s = pr.shape;
+  if (pr.q.size(-1) != 512) return "head_dim is not 512";
+  if (!tma_compatible(pr.q) || !tma_compatible(pr.kv) ||
+      (pr.compressed.defined() && !tma_compatible(pr.compressed))) {
+    return "strides TMA cannot describe";
+  }
+  // CSA: a producer lane holds each token's closed rows (at most 32 tokens per work tile), and
+  // a list is found from a 32-bit row index.
+  if (s.topk_k > 0 && kMqa512Rows / std::min<int64_t>(s.heads_q / s.heads_kv, kMqa512Rows) > 32) {
+    return "top-k rows with one query head per KV head";
+  }
+  if (s.topk_k > 0 && (s.varlen ? 1 : s.batch) * s.seqlen_q >= (int64_t{1} << 31)) {
+    return "2^31 or more top-k lists";
+  }
+  // The gather offsets rows by a 32-bit byte stride.
+  if (s.topk_k > 0 && pr.compressed.stride(1) * pr.compressed.element_size() >= (int64_t{1} << 32)) {
+    return "compressed_kv rows 4 GiB or more apart";
+  }
+  return nullptr;
+}
+
+// Why the kernel's paged mode cannot read a paged call's q and caches, or nullptr.
+const char* paged_unsupported(const Mqa512Problem& pr) {
+  const Mqa512Shape& s = pr.shape;
+  if (s.paged_tiles == 0) return "empty slot lists";
+  // A producer lane's list reads and the tile's tokens: at most 32 tokens per work tile.
+  if (s.heads_q < 2) return "one query head (a work tile would hold 64 tokens)";
+  if (!tma_compatible(pr.q)) return "strides TMA cannot describe";
+  for (int i = 0; i < pr.num_paged; ++i) {
+    const Mqa512Problem::PagedList& l = pr.paged[i];
+    const int64_t page = l.cache.size(1), capacity = l.cache.size(0) * page;
+    if ((page & (page - 1)) != 0) return "a page size that is not a power of two";
+    if (capacity >= (int64_t{1} << 31)) return "2^31 or more cache slots";
+    if (s.seqlen_q * l.slots.size(1) >= (int64_t{1} << 31)) return "2^31 or more slot-list entries";
+    if (reinterpret_cast<uintptr_t>(l.cache.data_ptr()) % 16 != 0 || l.cache.stride(0) % 16 != 0) {
+      return "a cache whose blocks are not 16-byte aligned";
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 Route<Mqa512Plan> route_mqa512(const Mqa512Problem& pr, const DeviceFacts& device,
                                const Overrides& overrides) {
   using R = Route<Mqa512Plan>;
@@ -15,52 +62,9 @@ Route<Mqa512Plan> route_mqa512(const Mqa512Problem& pr, const DeviceFacts& devic
   if (pr.q.scalar_type() != at::kBFloat16 && pr.q.scalar_type() != at::kHalf) {
     return R::reference("q is not bf16 or fp16");
   }
-  if (pr.q.size(-1) != 512) return R::reference("head_dim is not 512");
   if (const char* why = mqa512_shape_unsupported(s)) return R::reference(why);
-  if (!tma_compatible(pr.q) || !tma_compatible(pr.kv) ||
-      (pr.compressed.defined() && !tma_compatible(pr.compressed))) {
-    return R::reference("strides TMA cannot describe");
-  }
-  // CSA: a producer lane holds each token's closed rows (at most 32 tokens per work tile), and
-  // a list is found from a 32-bit row index.
-  if (s.topk_k > 0 && kMqa512Rows / std::min<int64_t>(s.heads_q / s.heads_kv, kMqa512Rows) > 32) {
-    return R::reference("top-k rows with one query head per KV head");
-  }
-  if (s.topk_k > 0 && (s.varlen ? 1 : s.batch) * s.seqlen_q >= (int64_t{1} << 31)) {
-    return R::reference("2^31 or more top-k lists");
-  }
-  // The gather offsets rows by a 32-bit byte stride.
-  if (s.topk_k > 0 && pr.compressed.stride(1) * pr.compressed.element_size() >= (int64_t{1} << 32)) {
-    return R::reference("compressed_kv rows 4 GiB or more apart");
-  }
-  const Mqa512Plan plan = mqa512_plan_launch(s, device.num_sms, overrides);
-  if (plan.tiles >= kMqa512MaxWork) return R::reference("2^26 or more work tiles");
-  return R::kernel(plan);
-}
-
-Route<Mqa512Plan> route_mqa512_paged(const Mqa512Problem& pr, const DeviceFacts& device,
-                                     const Overrides& overrides) {
-  using R = Route<Mqa512Plan>;
-  if (!device.sm90) return R::reference(device.why_not);
-  const Mqa512Shape& s = pr.shape;
-  if (pr.q.scalar_type() != at::kBFloat16 && pr.q.scalar_type() != at::kHalf) {
-    return R::reference("q is not bf16 or fp16");
-  }
-  if (const char* why = mqa512_shape_unsupported(s)) return R::reference(why);
-  // A producer lane's list reads and the tile's tokens: at most 32 tokens per work tile.
-  if (s.heads_q < 2) return R::reference("one query head (a work tile would hold 64 tokens)");
-  if (!tma_compatible(pr.q)) return R::reference("strides TMA cannot describe");
-  for (int i = 0; i < pr.num_paged; ++i) {
-    const Mqa512Problem::PagedList& l = pr.paged[i];
-    const int64_t page = l.cache.size(1), capacity = l.cache.size(0) * page;
-    if ((page & (page - 1)) != 0) return R::reference("a page size that is not a power of two");
-    if (capacity >= (int64_t{1} << 31)) return R::reference("2^31 or more cache slots");
-    if (s.seqlen_q * l.slots.size(1) >= (int64_t{1} << 31)) {
-      return R::reference("2^31 or more slot-list entries");
-    }
-    if (reinterpret_cast<uintptr_t>(l.cache.data_ptr()) % 16 != 0 || l.cache.stride(0) % 16 != 0) {
-      return R::reference("a cache whose blocks are not 16-byte aligned");
-    }
+  if (const char* why = pr.num_paged > 0 ? paged_unsupported(pr) : tensors_unsupported(pr)) {
+    return R::reference(why);
   }
   const Mqa512Plan plan = mqa512_plan_launch(s, device.num_sms, overrides);
   if (plan.tiles >= kMqa512MaxWork) return R::reference("2^26 or more work tiles");

@@ -34,10 +34,9 @@ struct Mqa512Problem {
   int num_paged = 0;
 };
 
+// Dense and varlen calls, and paged ones (num_paged > 0).
 Route<Mqa512Plan> route_mqa512(const Mqa512Problem& problem, const DeviceFacts& device,
                                const Overrides& overrides);
-Route<Mqa512Plan> route_mqa512_paged(const Mqa512Problem& problem, const DeviceFacts& device,
-                                     const Overrides& overrides);
 
 // "mqa512 tile=1x64 splits=1 grid=persistent:132": a route's decisions, for the _plan ops.
 std::string describe(const Mqa512Plan& plan);
