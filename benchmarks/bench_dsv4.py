@@ -157,17 +157,23 @@ def row_vs_flashmla(flashmla, kind, topk, context, hq, ceil, device, dtype, sq=8
             f"{useful / peer / 1e9 / ceil['gemm'] * 100:.0f}%" if peer else "n/a"]
 
 
+def fp8_pages(rows, page, device):
+    """An empty paged FP8 cache of at least `rows` slots in blocks of `page`: the
+    (num_blocks, P, 1, 584) view over padded blocks that an engine allocates."""
+    blocks = (rows + page - 1) // page
+    stride = (page * 584 + 575) // 576 * 576
+    return torch.zeros(blocks * stride, dtype=torch.uint8, device=device).as_strided(
+        (blocks, page, 1, 584), (stride, 584, 584, 1))
+
+
 def rows_kv_cache(ceil, device):
     """The paged FP8 cache ops on 64k rows of one engine-sized cache (pages of 64): time, the
     bytes they must move (rows read or written at 2 bytes a value, records at 584 bytes, slots),
     and that rate over the same-run copy rate. Checked against the reference path first."""
-    n, p = 65536, 64
-    stride = (p * 584 + 575) // 576 * 576
-    blocks = 2 * n // p
-    cache = torch.zeros(blocks * stride, dtype=torch.uint8, device=device).as_strided(
-        (blocks, p, 1, 584), (stride, 584, 584, 1))
+    n = 65536
+    cache = fp8_pages(2 * n, 64, device)
     kv = torch.randn(n, D, device=device, dtype=torch.bfloat16)
-    slots = torch.randperm(blocks * p, device=device)[:n]
+    slots = torch.randperm(2 * n, device=device)[:n]
     dsv4_attn.kv_cache_insert_fp8(kv[:64], cache, slots[:64])
     got = dsv4_attn.kv_cache_gather_fp8(cache, slots[:64])
     with common.env_override("DSV4_DISABLE_SM90", "1"):
@@ -188,13 +194,12 @@ def rows_kv_cache(ceil, device):
 
 
 def paged_cache(rows, page, device):
-    """A paged FP8 cache of at least `rows` slots (pages of `page`), every slot filled."""
-    blocks = (rows + page - 1) // page
-    stride = (page * 584 + 575) // 576 * 576
-    cache = torch.zeros(blocks * stride, dtype=torch.uint8, device=device).as_strided(
-        (blocks, page, 1, 584), (stride, 584, 584, 1))
-    for i in range(0, blocks * page, 65536):
-        n = min(65536, blocks * page - i)
+    """A paged FP8 cache of at least `rows` slots (pages of `page`), every slot filled with a
+    random row."""
+    cache = fp8_pages(rows, page, device)
+    slots = cache.shape[0] * page
+    for i in range(0, slots, 65536):
+        n = min(65536, slots - i)
         dsv4_attn.kv_cache_insert_fp8(torch.randn(n, D, device=device, dtype=torch.bfloat16),
                                       cache, torch.arange(i, i + n, device=device))
     return cache
@@ -291,12 +296,9 @@ def paged_prefill_inputs(kind, hq, device):
     CSA top-k or every closed HCA row. Returns the paged call's arguments and the bf16 layer's."""
     q, kv, kw, t, closed = layer_inputs(kind, 8192, 65536, hq, 512, device, torch.bfloat16)
 
-    def cache_of(rows):
-        n, page = rows.shape[0], 64
-        blocks, stride = (n + page - 1) // page, (page * 584 + 575) // 576 * 576
-        cache = torch.zeros(blocks * stride, dtype=torch.uint8, device=device).as_strided(
-            (blocks, page, 1, 584), (stride, 584, 584, 1))
-        dsv4_attn.kv_cache_insert_fp8(rows, cache, torch.arange(n, device=device))
+    def cache_of(rows):  # row i at slot i
+        cache = fp8_pages(rows.shape[0], 64, device)
+        dsv4_attn.kv_cache_insert_fp8(rows, cache, torch.arange(rows.shape[0], device=device))
         return cache
 
     ws = (t[:, None] - torch.arange(WINDOW - 1, -1, -1, device=device)[None]).int()
