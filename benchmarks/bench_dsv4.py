@@ -29,6 +29,11 @@ padded to 64) and the step's floor, each step timed as one of 20 in a CUDA graph
 engine's decode graph runs them; a fourth its prefill rows (S = 8192 at 64k context) beside
 FlashMLA's bf16 sparse prefill and our bf16 dsv4_attention. --only-paged-decode prints only
 those two tables.
+
+A last table times dsv4_indexer_topk (the lightning indexer, exact mode: bf16 q and k, fp32
+scores) on fresh prompts of 8k to 128k tokens against the bf16 GEMM rate, and a whole CSA layer
+at 64k (indexer, then dsv4_attention on its picks) against the sum of the two floors, after an
+exact small case is checked against the float64 oracle. --only-indexer prints only it.
 """
 import argparse
 import math
@@ -362,6 +367,76 @@ VS_FLASHMLA = [  # (kind, topk, context, Hq): issue 44's rows, S = 8192
 ]
 
 
+INDEXER_HEADS, INDEXER_DIM, INDEXER_TOPK = 64, 128, 512
+
+
+def indexer_inputs(s, device, dtype=torch.bfloat16, ints=False):
+    """A fresh prompt of s tokens for the lightning indexer (V4-Flash sizes): q (1, s, 64, 128),
+    the s / 4 compressed keys, the head weights and the positions 0 .. s - 1."""
+    if ints:  # small integers: exact scores, so two implementations must agree on every pick
+        draw = lambda *shape: torch.randint(-2, 3, shape, device=device).float()  # noqa: E731
+    else:
+        draw = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
+    q = draw(1, s, INDEXER_HEADS, INDEXER_DIM).to(dtype)
+    k = draw(1, s // 4, INDEXER_DIM).to(dtype)
+    w = draw(1, s, INDEXER_HEADS)
+    return q, k, w, torch.arange(s, device=device)[None]
+
+
+def check_indexer(device):
+    """The indexer on a small exact case against the float64 oracle: True if every pick and
+    its order agree."""
+    from dsv4_attn import reference
+    q, k, w, pos = indexer_inputs(256, device, ints=True)
+    kw = dict(topk=INDEXER_TOPK, compress_ratio=4, scale=0.5)
+    got = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
+    want = reference.indexer_topk(q.cpu(), k.cpu(), w.cpu(), pos.cpu(), **kw)
+    return bool(torch.equal(got.cpu(), want))
+
+
+def indexer_flops(s):
+    """Useful FLOPs of a fresh prompt's indexer: 2 H D per closed (query, row) pair."""
+    closed = torch.clamp(torch.div(torch.arange(s) + 1, 4, rounding_mode="floor"), max=s // 4)
+    return 2.0 * INDEXER_HEADS * INDEXER_DIM * float(closed.sum())
+
+
+def rows_indexer(ceil, device, quick):
+    """dsv4_indexer_topk's exact mode (bf16 q and k, fp32 scores) on fresh prompts, and the
+    whole CSA layer at 64k (indexer, then dsv4_attention on its picks) against the sum of the
+    two floors (useful FLOPs over the same-run GEMM rate)."""
+    rows = []
+    for s in ([8192] if quick else [8192, 65536, 131072]):
+        q, k, w, pos = indexer_inputs(s, device)
+        kw = dict(topk=INDEXER_TOPK, compress_ratio=4)
+        path = dsv4_attn.dsv4_indexer_topk_path(q, k, w, pos, **kw)
+        ms = common.bench_ms(lambda: dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw), warmup=1,
+                             rep=5, budget_ms=None)
+        rate = indexer_flops(s) / ms / 1e9
+        rows.append([f"indexer bf16 scores + top-512, S = {s // 1024}k fresh prompt", path,
+                     f"{ms:.2f}", f"{rate:.0f}", f"{100 * rate / ceil['gemm']:.0f}% GEMM", "60%"])
+        del q, k, w
+    if quick:
+        return rows
+    s = 65536
+    qi, ki, w, pos = indexer_inputs(s, device)
+    q, kv, kw, t, closed = layer_inputs("CSA", s, s, 64, INDEXER_TOPK, device, torch.bfloat16)
+    kw.pop("topk_indices")
+
+    def layer():
+        idx = dsv4_attn.dsv4_indexer_topk(qi, ki, w, pos, topk=INDEXER_TOPK, compress_ratio=4)
+        return dsv4_attn.dsv4_attention(q, kv, topk_indices=idx, **kw)
+
+    ms = common.bench_ms(layer, warmup=1, rep=3, budget_ms=None)
+    idx = dsv4_attn.dsv4_indexer_topk(qi, ki, w, pos, topk=INDEXER_TOPK, compress_ratio=4)
+    pairs = float(torch.clamp(t + 1, max=WINDOW).sum()) + float((idx >= 0).sum())
+    floor = (indexer_flops(s) + 2.0 * 64 * pairs * 2 * D) / ceil["gemm"] / 1e9
+    path = (dsv4_attn.dsv4_indexer_topk_path(qi, ki, w, pos, topk=INDEXER_TOPK, compress_ratio=4)
+            + " + " + dsv4_attn.dsv4_attention_path(q, kv, topk_indices=idx, **kw))
+    rows.append(["CSA layer, S = 64k: indexer + dsv4_attention (64 heads)", path, f"{ms:.2f}",
+                 f"floor {floor:.2f} ms", f"{ms / floor:.2f}x floor", "1.4x floor"])
+    return rows
+
+
 def causal_pairs(sq, sk):
     """(query, key) pairs a bottom-right causal mask keeps (Sq <= Sk)."""
     return sq * (sk - sq) + sq * (sq + 1) // 2
@@ -457,6 +532,8 @@ def main(argv=None):
                     help="only the table against FlashMLA (no status block)")
     ap.add_argument("--only-paged-decode", action="store_true",
                     help="only the paged FP8 tables, decode and prefill (no status block)")
+    ap.add_argument("--only-indexer", action="store_true",
+                    help="only the lightning indexer's table (no status block)")
     ap.add_argument("--status-out", default=None, metavar="PATH",
                     help="write the table as a status block for benchmarks/update_status.py")
     args = ap.parse_args(argv)
@@ -475,15 +552,16 @@ def main(argv=None):
     ]
     if args.quick:
         shapes = [(1, 4096, 4096, 64, True), (64, 1, 4096, 128, True)]
-    if args.only_vs_flashmla or args.only_paged_decode:
+    only = args.only_vs_flashmla or args.only_paged_decode or args.only_indexer
+    if only:
         shapes, args.status_out = [], None
-    if args.only_paged_decode:
+    if args.only_paged_decode or args.only_indexer:
         args.no_vs_flashmla = True
     rows = [row_fmha(b, sq, sk, h, causal, ceil, device, dtype) for b, sq, sk, h, causal in shapes]
     layers = [("sliding", 1, 8192, 128, False), ("CSA", 1, 8192, 64, False),
               ("HCA", 1, 8192, 128, False), ("CSA", 64, 4096, 128, True),
               ("sliding", 64, 4096, 128, True), ("HCA", 64, 4096, 128, True)]
-    if args.quick or args.only_vs_flashmla or args.only_paged_decode:
+    if args.quick or only:
         layers = layers[:1] if args.quick else []
     rows += [row_layer(kind, b, s, h, ceil, device, dtype, decode)
              for kind, b, s, h, decode in layers]
@@ -505,7 +583,7 @@ def main(argv=None):
                        "speed vs FlashMLA", "dsv4 of GEMM", "FlashMLA of GEMM"]
         table_md += ("\n\n" + mla_note + "\n\n" +
                      common.format_table(mla_headers, mla_rows, markdown=True))
-    paged = not args.only_vs_flashmla
+    paged = not (args.only_vs_flashmla or args.only_indexer)
     if paged:
         prefill_peer = load_flashmla()  # sparse_prefill_fwd; the library also has the decode
         decode = None
@@ -531,9 +609,18 @@ def main(argv=None):
         table_md += ("\n\n" + prefill_note + "\n\n" +
                      common.format_table(prefill_headers, prefill_rows, markdown=True))
     kv_headers = ["paged FP8 cache op", "path", "us", "GB/s moved", "of copy"]
-    kv_rows = [] if args.only_paged_decode else rows_kv_cache(ceil, device)
+    kv_rows = [] if only else rows_kv_cache(ceil, device)
     if kv_rows:
         table_md += "\n\n" + common.format_table(kv_headers, kv_rows, markdown=True)
+    indexer = not (args.only_vs_flashmla or args.only_paged_decode)
+    if indexer:
+        indexer_note = ("dsv4_indexer_topk, 64 heads x 128, top-512 of the closed rows of a 4x "
+                        "compressed prompt; check on an exact small case against the float64 "
+                        f"oracle: {'every pick agrees' if check_indexer(device) else 'MISMATCH'}")
+        indexer_headers = ["row", "path", "ms", "TFLOP/s useful", "of ceiling", "target"]
+        indexer_rows = rows_indexer(ceil, device, args.quick)
+        table_md += ("\n\n" + indexer_note + "\n\n" +
+                     common.format_table(indexer_headers, indexer_rows, markdown=True))
     common.write_status(args.status_out, common.status_block(
         "bench_dsv4", f"{peers}\n\n{table_md}", gemm=ceil["gemm"], copy_gbs=ceil["copy"],
         device=device, dtype=dtype, note="quick" if args.quick else ""))
@@ -553,6 +640,10 @@ def main(argv=None):
     if kv_rows:
         print()
         print(common.format_table(kv_headers, kv_rows))
+    if indexer:
+        print()
+        print(indexer_note)
+        print(common.format_table(indexer_headers, indexer_rows))
     section = header.replace("\n", "\n\n") + "\n\n" + table_md
     title = f"head_dim 512 (bench_dsv4.py), {common.device_name(device)}"
     if args.out:

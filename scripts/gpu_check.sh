@@ -106,7 +106,8 @@ run_tests() {
 if [ "$SANITIZE" = 1 ]; then
   sanitize() {  # sanitize TOOL: every sanitizer script under one tool, into one log
     local rc=0 script
-    for script in scripts/sanitize_fmha.py scripts/sanitize_chunk.py scripts/sanitize_kv_cache.py; do
+    for script in scripts/sanitize_fmha.py scripts/sanitize_chunk.py scripts/sanitize_kv_cache.py \
+                  scripts/sanitize_indexer.py; do
       echo "---- $script"
       compute-sanitizer --tool "$1" --error-exitcode 3 python3 "$script" || rc=$?
     done

@@ -1,6 +1,7 @@
-// dsv4_indexer_topk's reference path: the scores of a block of queries against all of its
-// sequence's rows, one head at a time (so memory stays at a block x rows fp32 tensor, never
-// Sq x H x Sc), then a stable sort for the top-k (ties to the lower row).
+// dsv4_indexer_topk: the sm90 kernels (csrc/sm90/indexer), and elsewhere the reference path:
+// the scores of a block of queries against all of its sequence's rows, one head at a time (so
+// memory stays at a block x rows fp32 tensor, never Sq x H x Sc), then a stable sort for the
+// top-k (ties to the lower row).
 #include "ops/indexer.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -16,6 +17,11 @@ constexpr const char* kOp = "dsv4_indexer_topk";
 constexpr int64_t kQueryBlock = 256;
 
 bool is_fp8(const at::Tensor& t) { return t.scalar_type() == at::kFloat8_e4m3fn; }
+
+Route<IndexerPlan> route(const IndexerCall& c, bool for_plan) {
+  const Overrides overrides = read_overrides();
+  return route_indexer(c, device_facts(c.q, overrides, for_plan));
+}
 
 // One sequence: q (Sq, H, D), k (Sc, D) fp32 (k_scale folded in), weights (Sq, H) fp32,
 // positions (Sq,) int64 -> (Sq, topk) int32.
@@ -138,6 +144,12 @@ IndexerCall check_indexer_inputs(const at::Tensor& q, const at::Tensor& k,
 
 at::Tensor dsv4_indexer_topk(const IndexerCall& c) {
   c10::DeviceGuard guard(c.q.device());
+  if (const Route<IndexerPlan> r = route(c, false); r.sm90) {
+    at::Tensor out = at::empty({c.q.size(0), c.q.size(1), c.topk},
+                               c.q.options().dtype(at::kInt));
+    run_indexer(c, r.plan, out);
+    return out;
+  }
   const at::Tensor q = c.q.to(at::kFloat), w = c.weights.to(at::kFloat);
   at::Tensor k = c.k.to(at::kFloat);
   if (c.k_scale) k = k * c.k_scale->unsqueeze(-1);
@@ -164,10 +176,13 @@ at::Tensor dsv4_indexer_topk(const IndexerCall& c) {
   return out;
 }
 
-std::string dsv4_indexer_topk_path(const IndexerCall&) { return "reference"; }
+std::string dsv4_indexer_topk_path(const IndexerCall& c) {
+  return route(c, false).sm90 ? "sm90" : "reference";
+}
 
-std::string dsv4_indexer_topk_plan(const IndexerCall&) {
-  return "reference: the indexer has no sm90 kernel yet";
+std::string dsv4_indexer_topk_plan(const IndexerCall& c) {
+  const Route<IndexerPlan> r = route(c, true);
+  return r.sm90 ? "sm90 " + describe(r.plan) : "reference: " + r.why_not;
 }
 
 }  // namespace dsv4

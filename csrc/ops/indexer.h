@@ -1,6 +1,6 @@
 // dsv4_indexer_topk: DeepSeek-V4's lightning indexer, the top-k closed compressed rows of each
 // query by Σ_h w_h ReLU(scale q_h·k). The validated call, its checks, and the op with its
-// _path and _plan twins. No sm90 kernel yet: every call runs the reference path.
+// _path and _plan twins.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -8,16 +8,11 @@
 #include <optional>
 #include <string>
 
+#include "sm90/indexer/api.h"
+
 namespace dsv4 {
 
-struct IndexerCall {
-  at::Tensor q, k, weights, positions;
-  std::optional<at::Tensor> k_scale;
-  std::optional<at::Tensor> cu_seqlens_q, cu_seqlens_k;  // int32 copies
-  int64_t topk = 0, compress_ratio = 1;
-  double scale = 0.0;
-  bool varlen = false;
-};
+using IndexerCall = IndexerProblem;
 
 // The op's arguments, in schema order (torch_bindings.cpp's kIndexerArgs).
 IndexerCall check_indexer_inputs(const at::Tensor& q, const at::Tensor& k,

@@ -1,0 +1,69 @@
+// The indexer's route: the kernels' shapes (bf16/fp16, D = 128, H a power of two from 8 to 256,
+// topk up to 2048, dense calls) and the chunking of the score workspace.
+#include "sm90/indexer/api.h"
+
+#include "sm90/indexer/params.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace dsv4 {
+namespace {
+constexpr int64_t kWorkspaceBudget = int64_t(48) << 20;  // scores of one chunk
+constexpr int kTilesPerSplit = 32;                        // 2048 key rows per score CTA
+}  // namespace
+
+Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& device) {
+  using R = Route<IndexerPlan>;
+  if (!device.sm90) return R::reference(device.why_not);
+  if (pr.varlen) return R::reference("varlen calls (cu_seqlens) have no sm90 kernel yet");
+  const at::ScalarType dt = pr.q.scalar_type();
+  if (dt != at::kBFloat16 && dt != at::kHalf) return R::reference("q is not bf16 or fp16");
+  const int64_t batch = pr.q.size(0), seq_q = pr.q.size(1), heads = pr.q.size(2);
+  const int64_t dim = pr.q.size(3), seq_c = pr.k.size(1);
+  if (dim != 128) return R::reference("the head dim is not 128");
+  if (heads < 8 || heads > 256 || (heads & (heads - 1)) != 0) {
+    return R::reference("heads not a power of two from 8 to 256");
+  }
+  if (pr.topk > kIndexerMaxTopk) return R::reference("topk above 2048");
+  if (batch == 0 || seq_q == 0 || seq_c == 0) return R::reference("no queries or no rows");
+  if (pr.q.stride(1) != heads * pr.q.stride(2) || !tma_compatible(pr.q) ||
+      !tma_compatible(pr.k)) {
+    return R::reference("q or k strides TMA cannot describe (q's heads must be contiguous rows)");
+  }
+  if (seq_q * heads >= (int64_t(1) << 31) || seq_c >= (int64_t(1) << 30)) {
+    return R::reference("more query rows or key rows than the kernels index");
+  }
+  IndexerPlan plan;
+  plan.queries_per_block = static_cast<int>(2 * 256 / heads);
+  plan.blocks_per_seq = static_cast<int>((seq_q + plan.queries_per_block - 1) / plan.queries_per_block);
+  const int64_t total_blocks = batch * plan.blocks_per_seq;
+  if (total_blocks >= (int64_t(1) << 31)) return R::reference("too many query blocks");
+  plan.total_blocks = static_cast<int>(total_blocks);
+  plan.row_stride = (seq_c + 63) / 64 * 64;
+  const int64_t block_bytes = int64_t(plan.queries_per_block) * plan.row_stride * 4;
+  const int64_t fit = std::max<int64_t>(1, std::min<int64_t>(kWorkspaceBudget / block_bytes, 65535));
+  plan.num_chunks = static_cast<int>((total_blocks + fit - 1) / fit);
+  plan.chunk_blocks = static_cast<int>((total_blocks + plan.num_chunks - 1) / plan.num_chunks);
+  plan.tiles_per_split = kTilesPerSplit;
+  plan.splits = static_cast<int>((plan.row_stride / 64 + kTilesPerSplit - 1) / kTilesPerSplit);
+  plan.smem_keys = static_cast<int>(std::min<int64_t>(seq_c, kIndexerKeyCapacity));
+  return R::kernel(plan);
+}
+
+std::string describe(const IndexerPlan& p) {
+  return "indexer queries_per_block=" + std::to_string(p.queries_per_block) +
+         " chunks=" + std::to_string(p.num_chunks) + "x" + std::to_string(p.chunk_blocks) +
+         " splits=" + std::to_string(p.splits) +
+         " workspace=" + std::to_string((p.workspace_bytes() + (1 << 20) - 1) >> 20) + "MB";
+}
+
+#ifndef DSV4_WITH_CUDA
+void run_indexer(const IndexerProblem&, const IndexerPlan&, at::Tensor&) {
+  TORCH_CHECK(false, "dsv4: this build has no CUDA kernels");
+}
+#endif
+
+}  // namespace dsv4

@@ -1,0 +1,41 @@
+// The lightning indexer's sm90 kernels (score.cuh, topk.cuh), as the op unit calls them: the
+// route (the kernels and their chunking, or why not) and the launch.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+
+#include "sm90/shared/plan.h"
+
+namespace dsv4 {
+
+// A validated call (csrc/ops/indexer.cpp): dense q (B, Sq, H, D), k (B, Sc, D), weights
+// (B, Sq, H), positions (B, Sq); varlen q (T, H, D), k (total_c, D) with cu_seqlens.
+struct IndexerProblem {
+  at::Tensor q, k, weights, positions;
+  std::optional<at::Tensor> k_scale;
+  std::optional<at::Tensor> cu_seqlens_q, cu_seqlens_k;  // int32 copies
+  int64_t topk = 0, compress_ratio = 1;
+  double scale = 0.0;
+  bool varlen = false;
+};
+
+struct IndexerPlan {
+  int queries_per_block = 0;  // per score CTA: two consumers of 256 / H queries
+  int blocks_per_seq = 0, total_blocks = 0;
+  int chunk_blocks = 0, num_chunks = 0;  // the chunks share one workspace
+  int splits = 0, tiles_per_split = 0;   // key splits per block in the score grid
+  int64_t row_stride = 0;                // floats per workspace row
+  int smem_keys = 0;                     // keys a top-k CTA stages in shared memory
+  int64_t workspace_bytes() const { return int64_t(chunk_blocks) * queries_per_block * row_stride * 4; }
+};
+
+Route<IndexerPlan> route_indexer(const IndexerProblem& problem, const DeviceFacts& device);
+std::string describe(const IndexerPlan& plan);
+
+// Queues the kernels on the current stream, chunk by chunk; out (B, Sq, topk) int32 contiguous.
+void run_indexer(const IndexerProblem& problem, const IndexerPlan& plan, at::Tensor& out);
+
+}  // namespace dsv4

@@ -1,0 +1,91 @@
+// The indexer's launch: per chunk, the score kernel then the top-k kernel, both on the current
+// stream over one workspace (no host sync: the chunking depends on shapes only).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include <cmath>
+
+#include "sm90/indexer/api.h"
+#include "sm90/indexer/score.cuh"
+#include "sm90/indexer/topk.cuh"
+#include "sm90/shared/host.h"
+
+namespace dsv4 {
+namespace {
+constexpr const char* kOp = "dsv4_indexer_topk";
+
+template <typename Element>
+void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, const CUtensorMap& tq,
+                   const CUtensorMap& tk, int device, cudaStream_t stream) {
+  constexpr auto kScore = indexer_score_kernel<Element>;
+  constexpr int kScoreSmem = IndexerScoreTraits::kSmemBytes;
+  allow_dynamic_smem<kScore>(device, kScoreSmem);
+  const int topk_smem = plan.smem_keys * 4;
+  allow_dynamic_smem<indexer_topk_kernel>(device, kIndexerKeyCapacity * 4);
+  for (int c = 0; c < plan.num_chunks; ++c) {
+    IndexerParams p = base;
+    p.chunk = c;
+    kScore<<<dim3(plan.splits, plan.chunk_blocks), IndexerScoreTraits::kThreads, kScoreSmem,
+             stream>>>(tq, tk, p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    indexer_topk_kernel<<<plan.chunk_blocks * plan.queries_per_block, IndexerTopkTraits::kThreads,
+                          topk_smem, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& out) {
+  const int64_t batch = pr.q.size(0), seq_q = pr.q.size(1), heads = pr.q.size(2);
+  const int64_t seq_c = pr.k.size(1);
+  // q as (B, Sq H, 1, D): a q row per (query, head), a consumer's 256 rows in one box.
+  const at::Tensor q_rows = pr.q.as_strided({batch, seq_q * heads, 1, pr.q.size(3)},
+                                            {pr.q.stride(0), pr.q.stride(2), pr.q.stride(2),
+                                             pr.q.stride(3)});
+  const CUtensorMap tq = make_tensor_map_bshd(kOp, q_rows, "q", 256, 1);
+  const CUtensorMap tk = make_tensor_map_bshd(kOp, pr.k.unsqueeze(2), "k", 64, 1);
+  const at::Tensor weights = (pr.weights.to(at::kFloat) * std::fabs(pr.scale)).contiguous();
+  std::optional<at::Tensor> k_scale;
+  if (pr.k_scale) k_scale = pr.k_scale->to(at::kFloat);
+  const at::Tensor workspace =
+      at::empty({plan.workspace_bytes() / 4}, pr.q.options().dtype(at::kFloat));
+
+  IndexerParams p{};
+  p.weights = weights.data_ptr<float>();
+  p.positions = pr.positions.data_ptr();
+  p.positions_64 = pr.positions.scalar_type() == at::kLong;
+  p.pos_stride_b = pr.positions.stride(0);
+  p.pos_stride_s = pr.positions.stride(1);
+  p.k_scale = k_scale ? k_scale->data_ptr<float>() : nullptr;
+  p.k_scale_stride_b = k_scale ? k_scale->stride(0) : 0;
+  p.k_scale_stride_s = k_scale ? k_scale->stride(1) : 0;
+  p.sign = pr.scale > 0 ? 1.f : (pr.scale < 0 ? -1.f : 0.f);
+  p.scores = workspace.data_ptr<float>();
+  p.row_stride = plan.row_stride;
+  p.out = out.data_ptr<int32_t>();
+  p.batch = static_cast<int>(batch);
+  p.seq_q = static_cast<int>(seq_q);
+  p.seq_c = static_cast<int>(seq_c);
+  p.heads = static_cast<int>(heads);
+  p.topk = static_cast<int>(pr.topk);
+  p.compress_ratio = static_cast<int>(std::min<int64_t>(pr.compress_ratio, 1 << 30));
+  p.head_levels = 0;
+  while ((8 << p.head_levels) < heads) ++p.head_levels;
+  p.queries_per_block = plan.queries_per_block;
+  p.blocks_per_seq = plan.blocks_per_seq;
+  p.total_blocks = plan.total_blocks;
+  p.num_chunks = plan.num_chunks;
+  p.chunk_blocks = plan.chunk_blocks;
+  p.tiles_per_split = plan.tiles_per_split;
+  p.smem_keys = plan.smem_keys;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int device = pr.q.get_device();
+  if (pr.q.scalar_type() == at::kBFloat16) {
+    launch_chunks<__nv_bfloat16>(p, plan, tq, tk, device, stream);
+  } else {
+    launch_chunks<__half>(p, plan, tq, tk, device, stream);
+  }
+}
+
+}  // namespace dsv4

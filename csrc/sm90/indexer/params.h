@@ -1,0 +1,37 @@
+// The lightning indexer's kernels (score.cuh, topk.cuh): plain parameters, no torch.
+//
+// A call is cut into work blocks of queries_per_block consecutive queries of one sequence
+// (block g: sequence g / blocks_per_seq). The blocks run in chunks: chunk c holds blocks
+// c, c + num_chunks, c + 2 num_chunks, ... (interleaved, so each chunk mixes early and late
+// positions and its work stays even), and its scores live in one fp32 workspace of
+// chunk_blocks * queries_per_block rows of row_stride floats, reused by every chunk.
+#pragma once
+
+#include <cstdint>
+
+namespace dsv4 {
+
+constexpr int kIndexerMaxTopk = 2048;       // the top-k CTA's list (topk.cuh)
+constexpr int kIndexerKeyCapacity = 32768;  // keys a top-k CTA stages: 128 KB
+
+struct IndexerParams {
+  const float* weights;       // (B, Sq, H) fp32 contiguous, |scale| folded in
+  const void* positions;      // (B, Sq) int32 / int64
+  bool positions_64;
+  int64_t pos_stride_b, pos_stride_s;  // elements
+  const float* k_scale;       // (B, Sc) fp32 row scales, or nullptr (all 1)
+  int64_t k_scale_stride_b, k_scale_stride_s;
+  float sign;                 // the scale's sign: ReLU(scale x) = |scale| ReLU(sign x)
+  float* scores;              // the chunk's workspace
+  int64_t row_stride;         // floats per workspace row: Sc rounded up to a key tile
+  int32_t* out;               // (B, Sq, topk) int32 contiguous
+  int batch, seq_q, seq_c, heads, topk, compress_ratio;
+  int head_levels;            // log2(heads / 8): the head sum's tree depth per query
+  int queries_per_block;      // two warpgroups of 256 / heads queries each
+  int blocks_per_seq, total_blocks, num_chunks, chunk_blocks;
+  int chunk;                  // this launch's chunk
+  int tiles_per_split;        // key tiles (64 rows) per score CTA
+  int smem_keys;              // keys the top-k CTA stages in shared memory
+};
+
+}  // namespace dsv4

@@ -1,0 +1,287 @@
+// The lightning indexer's scores on the tensor cores: for a block of queries, every closed key
+// row's Σ_h w_h ReLU(scale q_h · k), written to the chunk's fp32 workspace (params.h).
+//
+// The product is turned around so that the head sum stays inside a thread: the 64 key rows of a
+// tile are wgmma's M and a consumer's 256 / H queries times H heads its N = 256 columns (q rows
+// in (query, head) order), so each thread holds whole head groups of one key row and sums them
+// in registers, with two quad shuffles, instead of reducing across warps.
+// Roles: one producer thread loads both consumers' queries once and streams the key tiles of
+// this CTA's split through a ring; two consumers, each with its own queries, read every tile
+// and take turns on the tensor cores (one's epilogue runs under the other's product).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+#include "sm90/indexer/params.h"
+#include "sm90/indexer/work.cuh"
+
+namespace dsv4 {
+
+struct IndexerScoreTraits {
+  static constexpr int kHeadDim = 128;  // two 64-element atoms of the 128-byte swizzle
+  static constexpr int kAtoms = 2;
+  static constexpr int kColumns = 256;  // a consumer's (query, head) columns
+  static constexpr int kTileRows = 64;  // key rows per tile: wgmma's M
+  static constexpr int kStages = 4;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr uint32_t kTileBytes = kAtoms * kTileRows * 128;
+  static constexpr uint32_t kQueryBytes = kConsumers * kAtoms * kColumns * 128;
+  // Named barriers (0 is __syncthreads): a consumer's turn to issue, and its weights stored.
+  static constexpr uint32_t kTurnBarrier = 1, kWeightsBarrier = 3;
+
+  struct SharedStorage {
+    alignas(1024) uint8_t q[kConsumers][kAtoms][kColumns][128];
+    alignas(1024) uint8_t k[kStages][kAtoms][kTileRows][128];
+    float weights[kConsumers][kColumns];
+    uint64_t q_full, k_full[kStages], k_empty[kStages];
+    int visible;  // the most closed rows of any query of the block
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
+};
+
+// The tiles this CTA scores: its split of the block's closed rows.
+struct IndexerTiles {
+  int first, last;
+};
+
+// Producer: both consumers' queries (a q row per (query, head): q viewed as (B, Sq H, 1, D)),
+// then the key tiles through the ring.
+__device__ __forceinline__ void indexer_produce(IndexerScoreTraits::SharedStorage& s,
+                                                const CUtensorMap* tmap_q,
+                                                const CUtensorMap* tmap_k,
+                                                const IndexerParams& p, const IndexerBlock& blk,
+                                                IndexerTiles tiles) {
+  using T = IndexerScoreTraits;
+  ptx::tma_prefetch_descriptor(tmap_q);
+  ptx::tma_prefetch_descriptor(tmap_k);
+  const uint32_t q_full = ptx::smem_addr(&s.q_full);
+  ptx::mbarrier_arrive_expect_tx(q_full, T::kQueryBytes);
+  const int queries = T::kColumns / p.heads;
+#pragma unroll
+  for (int c = 0; c < T::kConsumers; ++c) {
+#pragma unroll
+    for (int a = 0; a < T::kAtoms; ++a) {
+      ptx::tma_load_4d(ptx::smem_addr(&s.q[c][a][0][0]), tmap_q, q_full, a * 64,
+                       (blk.first_query + c * queries) * p.heads, 0, blk.batch);
+    }
+  }
+  for (int i = 0, t = tiles.first; t < tiles.last; ++i, ++t) {
+    const int stage = i % T::kStages;
+    ptx::mbarrier_wait(ptx::smem_addr(&s.k_empty[stage]), ((i / T::kStages) & 1) ^ 1);
+    const uint32_t full = ptx::smem_addr(&s.k_full[stage]);
+    ptx::mbarrier_arrive_expect_tx(full, T::kTileBytes);
+#pragma unroll
+    for (int a = 0; a < T::kAtoms; ++a) {
+      ptx::tma_load_4d(ptx::smem_addr(&s.k[stage][a][0][0]), tmap_k, full, a * 64,
+                       t * T::kTileRows, 0, blk.batch);
+    }
+  }
+}
+
+// The quad's head sums reduced and scattered: in each round a lane keeps half of its queries
+// and adds its partner's copy of them (one shuffle per kept value, where a butterfly would
+// shuffle every value twice). Enters with kQ per-lane partial sums, leaves with the lane's
+// kQ / 4 full sums, of queries 4 n + quad (kQ >= 4; below that, lanes quad < kQ hold query quad).
+template <int kQ>
+__device__ __forceinline__ void indexer_quad_reduce(float (&v)[kQ], int quad) {
+  const int bit0 = quad & 1, bit1 = quad >> 1;
+  if constexpr (kQ >= 2) {
+#pragma unroll
+    for (int m = 0; m < kQ / 2; ++m) {  // keep query 2m + bit0
+      const float keep = bit0 ? v[2 * m + 1] : v[2 * m];
+      const float give = bit0 ? v[2 * m] : v[2 * m + 1];
+      v[m] = keep + __shfl_xor_sync(0xffffffffu, give, 1);
+    }
+  } else {
+    v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+  }
+  if constexpr (kQ >= 4) {
+#pragma unroll
+    for (int n = 0; n < kQ / 4; ++n) {  // keep query 4n + 2 bit1 + bit0
+      const float keep = bit1 ? v[2 * n + 1] : v[2 * n];
+      const float give = bit1 ? v[2 * n] : v[2 * n + 1];
+      v[n] = keep + __shfl_xor_sync(0xffffffffu, give, 2);
+    }
+  } else {
+    v[0] += __shfl_xor_sync(0xffffffffu, v[0], 2);
+  }
+}
+
+// A consumer's epilogue for one tile: ReLU, the weights and the head sum of its kQ = 256 / H
+// queries, and the scores of its two key rows per query stored to the workspace.
+//   acc[4j + {0,1}]: key row r, columns 8j + 2(lane % 4) + {0,1}; acc[4j + {2,3}]: row r + 8.
+//   Column n is query n / H, head n % H: query i owns j in [i H / 8, (i + 1) H / 8).
+template <int kQ>
+__device__ __forceinline__ void indexer_tile_scores(float (&acc)[128], const float* weights,
+                                                    const IndexerParams& p, const float* k_scale,
+                                                    float* ws, int row0) {
+  constexpr int kJ = 32 / kQ;  // j values per query
+  const int quad = threadIdx.x % 4;
+  if (k_scale != nullptr || p.sign != 1.f) {  // ReLU(scale s_k x) = |scale| ReLU(sign s_k x)
+    float f0 = p.sign, f1 = p.sign;
+    if (k_scale != nullptr) {
+      f0 *= row0 < p.seq_c ? k_scale[row0 * p.k_scale_stride_s] : 0.f;
+      f1 *= row0 + 8 < p.seq_c ? k_scale[(row0 + 8) * p.k_scale_stride_s] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      acc[4 * j] *= f0;
+      acc[4 * j + 1] *= f0;
+      acc[4 * j + 2] *= f1;
+      acc[4 * j + 3] *= f1;
+    }
+  }
+  const float2* w2 = reinterpret_cast<const float2*>(weights) + quad;
+  float s0[kQ], s1[kQ];
+#pragma unroll
+  for (int i = 0; i < kQ; ++i) {
+    s0[i] = s1[i] = 0.f;
+#pragma unroll
+    for (int j = i * kJ; j < (i + 1) * kJ; ++j) {
+      const float2 w = w2[4 * j];
+      s0[i] = fmaf(fmaxf(acc[4 * j], 0.f), w.x, s0[i]);
+      s0[i] = fmaf(fmaxf(acc[4 * j + 1], 0.f), w.y, s0[i]);
+      s1[i] = fmaf(fmaxf(acc[4 * j + 2], 0.f), w.x, s1[i]);
+      s1[i] = fmaf(fmaxf(acc[4 * j + 3], 0.f), w.y, s1[i]);
+    }
+  }
+  indexer_quad_reduce<kQ>(s0, quad);
+  indexer_quad_reduce<kQ>(s1, quad);
+  if constexpr (kQ >= 4) {
+#pragma unroll
+    for (int n = 0; n < kQ / 4; ++n) {
+      float* at = ws + (4 * n + quad) * p.row_stride + row0;
+      at[0] = s0[n];
+      at[8] = s1[n];
+    }
+  } else if (quad < kQ) {
+    float* at = ws + quad * p.row_stride + row0;
+    at[0] = s0[0];
+    at[8] = s1[0];
+  }
+}
+
+// Consumer `wg` (0 or 1) of kQ = 256 / H queries: their weights into shared memory, then per
+// tile: wait for the keys and its turn, issue S = K Q^T (64 x 256, over the 128 dims), pass the turn, release the
+// keys once read, and store the scores.
+template <typename Element, int kQ>
+__device__ __forceinline__ void indexer_consume(IndexerScoreTraits::SharedStorage& s,
+                                                const IndexerParams& p, const IndexerBlock& blk,
+                                                IndexerTiles tiles, int wg) {
+  using T = IndexerScoreTraits;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int query0 = blk.first_query + wg * kQ;
+  for (int c = tid; c < T::kColumns; c += 128) {
+    const int q = query0 + c / p.heads;
+    s.weights[wg][c] =
+        q < p.seq_q ? p.weights[(static_cast<int64_t>(blk.batch) * p.seq_q + q) * p.heads +
+                                c % p.heads]
+                    : 0.f;
+  }
+  ptx::named_barrier_sync(T::kWeightsBarrier + wg, 128);
+  const float* k_scale =
+      p.k_scale == nullptr ? nullptr : p.k_scale + blk.batch * p.k_scale_stride_b;
+  float* ws = p.scores +
+              static_cast<int64_t>(blockIdx.y * p.queries_per_block + wg * kQ) * p.row_stride;
+  const uint32_t q_base = ptx::smem_addr(&s.q[wg][0][0][0]);
+  ptx::mbarrier_wait(ptx::smem_addr(&s.q_full), 0);
+  if (wg == 1) ptx::named_barrier_arrive(T::kTurnBarrier, 256);  // consumer 0 goes first
+  float acc[128];
+  for (int i = 0, t = tiles.first; t < tiles.last; ++i, ++t) {
+    const int stage = i % T::kStages;
+    ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), (i / T::kStages) & 1);
+    ptx::named_barrier_sync(T::kTurnBarrier + wg, 256);
+#pragma unroll
+    for (int r = 0; r < 128; ++r) ptx::fence_operand(acc[r]);
+    ptx::wgmma_fence();
+    const uint32_t k_base = ptx::smem_addr(&s.k[stage][0][0][0]);
+#pragma unroll
+    for (int a = 0; a < T::kAtoms; ++a) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
+        const uint64_t da =
+            ptx::smem_desc_sw128(k_base + a * T::kTileRows * 128 + kk * 32, 0, 1024);
+        const uint64_t db =
+            ptx::smem_desc_sw128(q_base + a * T::kColumns * 128 + kk * 32, 0, 1024);
+        ptx::WgmmaSS<T::kColumns, Element>::run(acc, da, db, (a | kk) != 0);
+      }
+    }
+    ptx::wgmma_commit();
+    ptx::named_barrier_arrive(T::kTurnBarrier + (wg ^ 1), 256);
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 128; ++r) ptx::fence_operand(acc[r]);
+    if (lane == 0) ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
+    indexer_tile_scores<kQ>(acc, s.weights[wg], p, k_scale, ws,
+                        t * T::kTileRows + warp * 16 + lane / 4);
+  }
+  // Consumer 1's last pass of the turn has no issue after it: consume it.
+  if (wg == 0) ptx::named_barrier_sync(T::kTurnBarrier, 256);
+}
+
+// Grid (splits, chunk_blocks): CTA (x, y) scores key tiles [x, x + 1) * tiles_per_split of the
+// chunk's block y, or exits at once where no query of the block has closed rows there.
+template <typename Element>
+__global__ void __launch_bounds__(IndexerScoreTraits::kThreads, 1)
+    indexer_score_kernel(const __grid_constant__ CUtensorMap tmap_q,
+                         const __grid_constant__ CUtensorMap tmap_k, const IndexerParams p) {
+  using T = IndexerScoreTraits;
+  extern __shared__ uint8_t smem_raw[];
+  auto& s = *reinterpret_cast<T::SharedStorage*>(
+      smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  IndexerBlock blk;
+  if (!indexer_block(p, blockIdx.y, blk)) return;
+  if (threadIdx.x < 32) {
+    int visible = 0;
+    for (int i = threadIdx.x; i < p.queries_per_block; i += 32) {
+      const int q = blk.first_query + i;
+      if (q < p.seq_q) {
+        visible = max(visible, indexer_visible_rows(indexer_position(p, blk.batch, q),
+                                                    p.compress_ratio, p.seq_c));
+      }
+    }
+    visible = __reduce_max_sync(0xffffffffu, visible);
+    if (threadIdx.x == 0) {
+      s.visible = visible;
+      ptx::mbarrier_init(ptx::smem_addr(&s.q_full), 1);
+      for (int st = 0; st < T::kStages; ++st) {
+        ptx::mbarrier_init(ptx::smem_addr(&s.k_full[st]), 1);
+        ptx::mbarrier_init(ptx::smem_addr(&s.k_empty[st]), T::kConsumers * 4);  // per warp
+      }
+      ptx::fence_barrier_init();
+    }
+  }
+  __syncthreads();
+  IndexerTiles tiles;
+  tiles.first = blockIdx.x * p.tiles_per_split;
+  tiles.last = min(tiles.first + p.tiles_per_split, (s.visible + T::kTileRows - 1) / T::kTileRows);
+  if (tiles.first >= tiles.last) return;  // causally dead: nothing closed in this split
+
+  if (threadIdx.x / 128 == 0) {
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) indexer_produce(s, &tmap_q, &tmap_k, p, blk, tiles);
+  } else {
+    ptx::setmaxnreg_inc<T::kConsumerRegs>();
+    const int wg = threadIdx.x / 128 - 1;
+    switch (p.head_levels) {  // H = 8 << head_levels: the head sum's shape is compiled per H
+      case 0: indexer_consume<Element, 32>(s, p, blk, tiles, wg); break;
+      case 1: indexer_consume<Element, 16>(s, p, blk, tiles, wg); break;
+      case 2: indexer_consume<Element, 8>(s, p, blk, tiles, wg); break;
+      case 3: indexer_consume<Element, 4>(s, p, blk, tiles, wg); break;
+      case 4: indexer_consume<Element, 2>(s, p, blk, tiles, wg); break;
+      default: indexer_consume<Element, 1>(s, p, blk, tiles, wg); break;
+    }
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,263 @@
+// The lightning indexer's top-k: one CTA per query of the chunk reads the query's closed rows'
+// scores from the workspace and writes its `topk` best rows, best first, ties to the lower row,
+// -1 past the closed rows (dsv4_indexer_topk's contract).
+//
+// Scores become order-preserving 32-bit keys. A radix select over bits 31-20, 19-8 and 7-0
+// finds the topk-th largest key T: after the first pass the rows of the chosen 12-bit bin (a
+// few hundred) are compacted, and the later passes read only them. The rows above T and the
+// first rows equal to T (in row order) make the list, which a bitonic sort on (key, row) puts
+// in order. The keys sit in shared memory when they fit (smem_keys), else every pass reads
+// them from the workspace.
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/indexer/params.h"
+#include "sm90/indexer/work.cuh"
+
+namespace dsv4 {
+
+struct IndexerTopkTraits {
+  static constexpr int kThreads = 512;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kMaxTopk = kIndexerMaxTopk;
+  static constexpr int kBins = 8 * kThreads;  // 12-bit radix digits
+  static constexpr int kCandidates = 2048;    // rows of the first pass's bin, compacted
+};
+
+// Larger scores give larger keys; -0 ranks as +0 (equal scores tie on the row).
+__device__ __forceinline__ uint32_t indexer_score_key(float x) {
+  uint32_t u = __float_as_uint(x);
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Ascending order of (~key, row) is best first, ties to the lower row.
+__device__ __forceinline__ uint64_t indexer_rank_key(uint32_t key, int row) {
+  return (static_cast<uint64_t>(~key) << 32) | static_cast<uint32_t>(row);
+}
+
+// Element i of a key list: row i, or row rows[i] of a compacted list.
+struct IndexerKeys {
+  const uint32_t* staged;  // or nullptr: read the scores
+  const float* scores;
+  const int* rows;         // or nullptr
+  __device__ __forceinline__ int row(int i) const { return rows != nullptr ? rows[i] : i; }
+  __device__ __forceinline__ uint32_t operator()(int i) const {
+    const int r = row(i);
+    return staged != nullptr ? staged[r] : indexer_score_key(scores[r]);
+  }
+};
+
+struct IndexerSelectShared {
+  uint64_t list[IndexerTopkTraits::kMaxTopk];
+  uint32_t hist[IndexerTopkTraits::kBins];
+  int candidates[IndexerTopkTraits::kCandidates];
+  uint32_t warp_sum[IndexerTopkTraits::kWarps];
+  int bin, need, bin_count, listed, compacted;
+};
+
+// One radix pass: the histogram of bits [shift, shift + bits) of the keys whose higher bits
+// are `prefix`, and the bin holding the need-th largest of them (sh.bin, sh.need: how many to
+// take from it, sh.bin_count). Thread t owns bins [8t, 8t + 8): a block-wide suffix sum finds
+// the bin.
+__device__ __forceinline__ void indexer_radix_pass(IndexerKeys keys, int n, uint32_t prefix,
+                                                   uint32_t mask, int shift, int bits, int need,
+                                                   IndexerSelectShared& sh) {
+  using T = IndexerTopkTraits;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const uint32_t digit = (1u << bits) - 1;
+  for (int i = tid; i < T::kBins; i += T::kThreads) sh.hist[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < n; i += T::kThreads) {
+    const uint32_t u = keys(i);
+    if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & digit], 1u);
+  }
+  __syncthreads();
+  uint32_t local[8], sum = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) sum += local[e] = sh.hist[8 * tid + e];
+  uint32_t from_here = sum;  // this thread's bins and the warp's higher ones
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t v = __shfl_down_sync(0xffffffffu, from_here, off);
+    if (lane + off < 32) from_here += v;
+  }
+  if (lane == 0) sh.warp_sum[warp] = from_here;
+  __syncthreads();
+  uint32_t above = from_here - sum;
+  for (int w = warp + 1; w < T::kWarps; ++w) above += sh.warp_sum[w];
+#pragma unroll
+  for (int e = 7; e >= 0; --e) {
+    const uint32_t un = static_cast<uint32_t>(need);
+    if (above < un && above + local[e] >= un) {
+      sh.bin = 8 * tid + e;
+      sh.need = need - static_cast<int>(above);
+      sh.bin_count = static_cast<int>(local[e]);
+    }
+    above += local[e];
+  }
+  __syncthreads();
+}
+
+// The list for n > topk rows: those above the topk-th largest key T, then the first rows equal
+// to T in row order (all of them, in any order, where exactly the needed number are equal).
+__device__ __forceinline__ void indexer_select(IndexerKeys all, int n, int topk,
+                                               IndexerSelectShared& sh) {
+  using T = IndexerTopkTraits;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (tid == 0) sh.listed = sh.compacted = 0;  // ordered by the pass's first barrier
+  indexer_radix_pass(all, n, 0, 0, 20, 12, topk, sh);
+  const uint32_t top_bin = static_cast<uint32_t>(sh.bin);
+  int need = sh.need;
+  const int in_bin = sh.bin_count;
+  uint32_t prefix = top_bin << 20, mask = 0xFFF00000u;
+  IndexerKeys keys = all;
+  int m = n;
+  if (in_bin <= T::kCandidates) {  // list the rows above the bin; the later passes read its rows
+    for (int i = tid; i < n; i += T::kThreads) {
+      const uint32_t u = all(i), digit = u >> 20;
+      if (digit > top_bin) {
+        sh.list[atomicAdd(&sh.listed, 1)] = indexer_rank_key(u, i);
+      } else if (digit == top_bin) {
+        sh.candidates[atomicAdd(&sh.compacted, 1)] = i;
+      }
+    }
+    __syncthreads();
+    keys.rows = sh.candidates;
+    m = in_bin;
+  }
+  indexer_radix_pass(keys, m, prefix, mask, 8, 12, need, sh);
+  prefix |= static_cast<uint32_t>(sh.bin) << 8;
+  mask |= 0xFFFu << 8;
+  need = sh.need;
+  __syncthreads();  // sh.bin is rewritten by the next pass
+  indexer_radix_pass(keys, m, prefix, mask, 0, 8, need, sh);
+  const uint32_t threshold = prefix | static_cast<uint32_t>(sh.bin);
+  need = sh.need;
+  const bool take_equal = sh.bin_count == need;
+  for (int i = tid; i < m; i += T::kThreads) {
+    const uint32_t u = keys(i);
+    if (u > threshold || (take_equal && u == threshold)) {
+      sh.list[atomicAdd(&sh.listed, 1)] = indexer_rank_key(u, keys.row(i));
+    }
+  }
+  if (take_equal) return;
+  // More rows equal T than the list takes: the first `need` of them, in row order.
+  const int first_equal = topk - need;
+  for (int base = 0, taken = 0; base < n && taken < need; base += T::kThreads) {
+    const int i = base + tid;
+    const bool is_equal = i < n && all(i) == threshold;
+    const uint32_t ballot = __ballot_sync(0xffffffffu, is_equal);
+    if (lane == 0) sh.warp_sum[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < T::kWarps; ++w) {
+      before += w < warp ? static_cast<int>(sh.warp_sum[w]) : 0;
+      total += static_cast<int>(sh.warp_sum[w]);
+    }
+    const int rank = taken + before + __popc(ballot & ((1u << lane) - 1));
+    if (is_equal && rank < need) sh.list[first_equal + rank] = indexer_rank_key(threshold, i);
+    taken += total;
+    __syncthreads();
+  }
+}
+
+// Ascending bitonic sort of list[0, count) for count <= kThreads, one element per thread:
+// partners within a warp trade through shuffles, farther ones through shared memory.
+__device__ __forceinline__ void indexer_sort_one_per_thread(IndexerSelectShared& sh, int count) {
+  using T = IndexerTopkTraits;
+  const int tid = threadIdx.x;
+  uint64_t v = tid < count ? sh.list[tid] : ~0ull;
+#pragma unroll
+  for (int k = 2; k <= T::kThreads; k <<= 1) {
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      uint64_t other;
+      if (j >= 32) {
+        __syncthreads();  // the last stage's reads are done
+        sh.list[tid] = v;
+        __syncthreads();
+        other = sh.list[tid ^ j];
+      } else {
+        other = __shfl_xor_sync(0xffffffffu, v, j);
+      }
+      const bool take_min = ((tid & j) == 0) == ((tid & k) == 0);
+      v = take_min ? (v < other ? v : other) : (v < other ? other : v);
+    }
+  }
+  __syncthreads();
+  sh.list[tid] = v;
+  __syncthreads();
+}
+
+// Ascending bitonic sort of list[0, count), padded to a power of two, for any count.
+__device__ __forceinline__ void indexer_sort(IndexerSelectShared& sh, int count) {
+  using T = IndexerTopkTraits;
+  if (count <= T::kThreads) {
+    indexer_sort_one_per_thread(sh, count);
+    return;
+  }
+  int size = 1;
+  while (size < count) size <<= 1;
+  for (int i = count + threadIdx.x; i < size; i += T::kThreads) sh.list[i] = ~0ull;
+  __syncthreads();
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < size; i += T::kThreads) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const uint64_t a = sh.list[i], b = sh.list[partner];
+          if ((a > b) == ((i & k) == 0)) {
+            sh.list[i] = b;
+            sh.list[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Grid: one CTA per workspace row of the chunk (chunk_blocks * queries_per_block).
+__global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
+    indexer_topk_kernel(const IndexerParams p) {
+  using T = IndexerTopkTraits;
+  extern __shared__ uint32_t staged[];
+  __shared__ IndexerSelectShared sh;
+  const int slot = blockIdx.x;
+  IndexerBlock blk;
+  if (!indexer_block(p, slot / p.queries_per_block, blk)) return;
+  const int q = blk.first_query + slot % p.queries_per_block;
+  if (q >= p.seq_q) return;
+  const int n = indexer_visible_rows(indexer_position(p, blk.batch, q), p.compress_ratio, p.seq_c);
+  const float* scores = p.scores + static_cast<int64_t>(slot) * p.row_stride;
+  IndexerKeys keys{nullptr, scores, nullptr};
+  if (n <= p.smem_keys) {  // rows are 256-byte aligned and padded to 64 floats
+    for (int i = 4 * threadIdx.x; i < n; i += 4 * T::kThreads) {
+      const float4 v = *reinterpret_cast<const float4*>(scores + i);
+      staged[i] = indexer_score_key(v.x);
+      if (i + 1 < n) staged[i + 1] = indexer_score_key(v.y);
+      if (i + 2 < n) staged[i + 2] = indexer_score_key(v.z);
+      if (i + 3 < n) staged[i + 3] = indexer_score_key(v.w);
+    }
+    keys.staged = staged;
+    __syncthreads();
+  }
+  int count = n;
+  if (n <= p.topk) {
+    for (int i = threadIdx.x; i < n; i += T::kThreads) sh.list[i] = indexer_rank_key(keys(i), i);
+  } else {
+    indexer_select(keys, n, p.topk, sh);
+    count = p.topk;
+  }
+  __syncthreads();
+  indexer_sort(sh, count);
+  int32_t* out = p.out + (static_cast<int64_t>(blk.batch) * p.seq_q + q) * p.topk;
+  for (int i = threadIdx.x; i < p.topk; i += T::kThreads) {
+    out[i] = i < count ? static_cast<int32_t>(static_cast<uint32_t>(sh.list[i])) : -1;
+  }
+}
+
+}  // namespace dsv4

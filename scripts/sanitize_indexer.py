@@ -1,0 +1,31 @@
+"""Small calls of the lightning indexer's kernels for compute-sanitizer (scripts/gpu_check.sh):
+64 heads over two key splits with a full radix select, 8 heads (64 queries per block, a
+partial last block), 256 heads (one query per consumer), row scales and a negative scale,
+int32 positions in any order. (The chunked calls are too large for racecheck; tests cover them.)"""
+import torch
+
+import dsv4_attn
+
+torch.manual_seed(0)
+calls = [  # (B, Sq, Sc, H, topk, dtype, extra)
+    (1, 40, 2100, 64, 512, torch.bfloat16, {}),
+    (1, 70, 300, 8, 64, torch.float16, {"scale": -0.5}),
+    (2, 5, 90, 256, 16, torch.bfloat16, {"k_scale": True}),
+]
+for b, sq, sc, h, topk, dtype, extra in calls:
+    q = torch.randn(b, sq, h, 128, device="cuda").to(dtype)
+    k = torch.randn(b, sc, 128, device="cuda").to(dtype)
+    w = torch.randn(b, sq, h, device="cuda")
+    pos = (torch.randperm(4 * sc, device="cuda")[:sq].int())[None].repeat(b, 1)
+    kw = dict(topk=topk, compress_ratio=4)
+    if extra.get("k_scale"):
+        kw["k_scale"] = torch.rand(b, sc, device="cuda")
+    if "scale" in extra:
+        kw["scale"] = extra["scale"]
+    assert dsv4_attn.dsv4_indexer_topk_path(q, k, w, pos, **kw) == "sm90"
+    out = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
+    torch.cuda.synchronize()
+    closed = torch.clamp((pos.long() + 1) // 4, max=sc)
+    want_listed = torch.clamp(closed, max=topk)
+    assert torch.equal((out >= 0).sum(-1), want_listed), "listed rows != min(topk, closed rows)"
+print("sanitize_indexer: score and top-k kernels ran, every query lists min(topk, closed) rows")
