@@ -625,7 +625,8 @@ def main(argv=None):
         "bench_dsv4", f"{peers}\n\n{table_md}", gemm=ceil["gemm"], copy_gbs=ceil["copy"],
         device=device, dtype=dtype, note="quick" if args.quick else ""))
     print(header)
-    print(common.format_table(headers, rows))
+    if rows:
+        print(common.format_table(headers, rows))
     if args.only_vs_flashmla or not args.no_vs_flashmla:
         print()
         print(mla_note)

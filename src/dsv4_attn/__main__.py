@@ -293,6 +293,34 @@ def case_paged_decode(sz, device, dtype) -> Row:
     return row
 
 
+def case_indexer(sz, device, dtype) -> Row:
+    """DeepSeek-V4's lightning indexer (dsv4_indexer_topk) on a fresh prompt of sz.layer tokens:
+    64 heads x 128, top-K of the closed rows of a 4x compressed KV. Parity: the float64 score of
+    the row picked at each rank against the oracle's best score at that rank (near-equal scores
+    may swap ranks) on the last 8 queries, which see the most rows."""
+    s, h, k = sz.layer, 64, sz.topk
+    q, keys = randn(1, s, h, 128, dtype=dtype, device=device), randn(1, s // 4, 128, dtype=dtype,
+                                                                       device=device)
+    w = randn(1, s, h, dtype=torch.float32, device=device)
+    pos = torch.arange(s, device=device)[None]
+    kw = dict(topk=k, compress_ratio=4)
+    path = dsv4.dsv4_indexer_topk_path(q, keys, w, pos, **kw)
+    got = dsv4.dsv4_indexer_topk(q, keys, w, pos, **kw)[0, -8:].long().cpu()
+    score = reference.indexer_scores(q[0, -8:].cpu(), keys[0].cpu(), w[0, -8:].cpu(),
+                                     pos[0, -8:].cpu(), 4)
+    best = score.sort(dim=1, descending=True).values[:, :k]
+    chosen = score.gather(1, got.clamp(min=0)).masked_fill(got < 0, -math.inf)
+    listed = best > -math.inf  # ranks past the closed rows: both must be -1 / -inf there
+    rel, mx = errors(chosen[listed], best[listed])
+    if not torch.equal(chosen > -math.inf, listed):
+        rel = mx = math.inf
+    row = Row(f"v4 indexer S={s} H={h} D=128 top-{k}", path, "oracle f64 score per rank", rel,
+              mx)
+    row.ours_ms = time_ms(lambda: dsv4.dsv4_indexer_topk(q, keys, w, pos, **kw), device,
+                          sz.warmup, sz.rep)
+    return row
+
+
 # ----------------------------------------------------------------------------- Qwen3-Next-like
 
 
@@ -403,6 +431,7 @@ def main(argv=None) -> int:
         lambda: case_merge(f"v4 merge window+compressed S={sz.seq} Hq=64", 1, sz.seq,
                            sz.compressed, 64, sz, device, dtype),
         lambda: case_paged_decode(sz, device, dtype),
+        lambda: case_indexer(sz, device, dtype),
         lambda: case_linear("gdr", sz, device, dtype),
         lambda: case_linear("gla", sz, device, dtype),
     ]
