@@ -45,14 +45,14 @@ void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& 
                                              pr.q.stride(3)});
   const CUtensorMap tq = make_tensor_map_bshd(kOp, q_rows, "q", 256, 1);
   const CUtensorMap tk = make_tensor_map_bshd(kOp, pr.k.unsqueeze(2), "k", 64, 1);
-  const at::Tensor weights = (pr.weights.to(at::kFloat) * std::fabs(pr.scale)).contiguous();
-  std::optional<at::Tensor> k_scale;
-  if (pr.k_scale) k_scale = pr.k_scale->to(at::kFloat);
+  const at::Tensor weights = pr.weights.to(at::kFloat).contiguous();  // as given when fp32
+  const std::optional<at::Tensor>& k_scale = pr.k_scale;  // fp32 (check_indexer_inputs)
   const at::Tensor workspace =
       at::empty({plan.workspace_bytes() / 4}, pr.q.options().dtype(at::kFloat));
 
   IndexerParams p{};
   p.weights = weights.data_ptr<float>();
+  p.weight_scale = static_cast<float>(std::fabs(pr.scale));
   p.positions = pr.positions.data_ptr();
   p.positions_64 = pr.positions.scalar_type() == at::kLong;
   p.pos_stride_b = pr.positions.stride(0);
@@ -64,7 +64,6 @@ void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& 
   p.scores = workspace.data_ptr<float>();
   p.row_stride = plan.row_stride;
   p.out = out.data_ptr<int32_t>();
-  p.batch = static_cast<int>(batch);
   p.seq_q = static_cast<int>(seq_q);
   p.seq_c = static_cast<int>(seq_c);
   p.heads = static_cast<int>(heads);

@@ -15,7 +15,8 @@ constexpr int kIndexerMaxTopk = 2048;       // the top-k CTA's list (topk.cuh)
 constexpr int kIndexerKeyCapacity = 32768;  // keys a top-k CTA stages: 128 KB
 
 struct IndexerParams {
-  const float* weights;       // (B, Sq, H) fp32 contiguous, |scale| folded in
+  const float* weights;       // (B, Sq, H) fp32, contiguous
+  float weight_scale;         // |scale|, folded into the weights as they are loaded
   const void* positions;      // (B, Sq) int32 / int64
   bool positions_64;
   int64_t pos_stride_b, pos_stride_s;  // elements
@@ -25,7 +26,7 @@ struct IndexerParams {
   float* scores;              // the chunk's workspace
   int64_t row_stride;         // floats per workspace row: Sc rounded up to a key tile
   int32_t* out;               // (B, Sq, topk) int32 contiguous
-  int batch, seq_q, seq_c, heads, topk, compress_ratio;
+  int seq_q, seq_c, heads, topk, compress_ratio;
   int head_levels;            // log2(heads / 8): the head sum's tree depth per query
   int queries_per_block;      // two warpgroups of 256 / heads queries each
   int blocks_per_seq, total_blocks, num_chunks, chunk_blocks;

@@ -184,8 +184,8 @@ __device__ __forceinline__ void indexer_consume(IndexerScoreTraits::SharedStorag
   for (int c = tid; c < T::kColumns; c += 128) {
     const int q = query0 + c / p.heads;
     s.weights[wg][c] =
-        q < p.seq_q ? p.weights[(static_cast<int64_t>(blk.batch) * p.seq_q + q) * p.heads +
-                                c % p.heads]
+        q < p.seq_q ? p.weight_scale * p.weights[(static_cast<int64_t>(blk.batch) * p.seq_q + q) *
+                                                      p.heads + c % p.heads]
                     : 0.f;
   }
   ptx::named_barrier_sync(T::kWeightsBarrier + wg, 128);

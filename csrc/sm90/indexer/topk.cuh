@@ -3,11 +3,11 @@
 // -1 past the closed rows (dsv4_indexer_topk's contract).
 //
 // Scores become order-preserving 32-bit keys. A radix select over bits 31-20, 19-8 and 7-0
-// finds the topk-th largest key T: after the first pass the rows of the chosen 12-bit bin (a
-// few hundred) are compacted, and the later passes read only them. The rows above T and the
-// first rows equal to T (in row order) make the list, which a bitonic sort on (key, row) puts
-// in order. The keys sit in shared memory when they fit (smem_keys), else every pass reads
-// them from the workspace.
+// finds the topk-th largest key T: the first pass is counted while the keys are read, then the
+// rows of its chosen 12-bit bin (a few hundred) are compacted and the later passes read only
+// them. The rows above T and the first rows equal to T (in row order) make the list, which a
+// bitonic sort on (key, row) puts in order. The keys sit in shared memory when they fit
+// (smem_keys), else every pass reads them from the workspace.
 #pragma once
 
 #include <cstdint>
@@ -57,23 +57,23 @@ struct IndexerSelectShared {
   int bin, need, bin_count, listed, compacted;
 };
 
-// One radix pass: the histogram of bits [shift, shift + bits) of the keys whose higher bits
-// are `prefix`, and the bin holding the need-th largest of them (sh.bin, sh.need: how many to
-// take from it, sh.bin_count). Thread t owns bins [8t, 8t + 8): a block-wide suffix sum finds
-// the bin.
-__device__ __forceinline__ void indexer_radix_pass(IndexerKeys keys, int n, uint32_t prefix,
-                                                   uint32_t mask, int shift, int bits, int need,
-                                                   IndexerSelectShared& sh) {
+// Adds the keys whose higher bits are `prefix` to the histogram of bits [shift, shift + bits).
+__device__ __forceinline__ void indexer_count(uint32_t u, uint32_t prefix, uint32_t mask, int shift,
+                                              int bits, IndexerSelectShared& sh) {
+  if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & ((1u << bits) - 1)], 1u);
+}
+
+__device__ __forceinline__ void indexer_clear_histogram(IndexerSelectShared& sh) {
+  for (int i = threadIdx.x; i < IndexerTopkTraits::kBins; i += IndexerTopkTraits::kThreads) {
+    sh.hist[i] = 0;
+  }
+}
+
+// The bin of the histogram holding the need-th largest key (sh.bin; sh.need: how many to take
+// from it; sh.bin_count). Thread t owns bins [8t, 8t + 8): a block-wide suffix sum finds it.
+__device__ __forceinline__ void indexer_find_bin(int need, IndexerSelectShared& sh) {
   using T = IndexerTopkTraits;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const uint32_t digit = (1u << bits) - 1;
-  for (int i = tid; i < T::kBins; i += T::kThreads) sh.hist[i] = 0;
-  __syncthreads();
-  for (int i = tid; i < n; i += T::kThreads) {
-    const uint32_t u = keys(i);
-    if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & digit], 1u);
-  }
-  __syncthreads();
   uint32_t local[8], sum = 0;
 #pragma unroll
   for (int e = 0; e < 8; ++e) sum += local[e] = sh.hist[8 * tid + e];
@@ -100,23 +100,41 @@ __device__ __forceinline__ void indexer_radix_pass(IndexerKeys keys, int n, uint
   __syncthreads();
 }
 
+// One radix pass over keys[0, n): the histogram of bits [shift, shift + bits) of the keys whose
+// higher bits are `prefix`, then its bin holding the need-th largest.
+__device__ __forceinline__ void indexer_radix_pass(IndexerKeys keys, int n, uint32_t prefix,
+                                                   uint32_t mask, int shift, int bits, int need,
+                                                   IndexerSelectShared& sh) {
+  indexer_clear_histogram(sh);
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += IndexerTopkTraits::kThreads) {
+    indexer_count(keys(i), prefix, mask, shift, bits, sh);
+  }
+  __syncthreads();
+  indexer_find_bin(need, sh);
+}
+
+// The first pass's bits: 31-20 into 4096 bins.
+constexpr int kIndexerFirstShift = 20, kIndexerFirstBits = 12;
+
 // The list for n > topk rows: those above the topk-th largest key T, then the first rows equal
 // to T in row order (all of them, in any order, where exactly the needed number are equal).
+// The histogram of the first pass is already counted (sh.hist, with sh.listed and
+// sh.compacted zero), while the keys were staged.
 __device__ __forceinline__ void indexer_select(IndexerKeys all, int n, int topk,
                                                IndexerSelectShared& sh) {
   using T = IndexerTopkTraits;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  if (tid == 0) sh.listed = sh.compacted = 0;  // ordered by the pass's first barrier
-  indexer_radix_pass(all, n, 0, 0, 20, 12, topk, sh);
+  indexer_find_bin(topk, sh);
   const uint32_t top_bin = static_cast<uint32_t>(sh.bin);
   int need = sh.need;
   const int in_bin = sh.bin_count;
-  uint32_t prefix = top_bin << 20, mask = 0xFFF00000u;
+  uint32_t prefix = top_bin << kIndexerFirstShift, mask = 0xFFF00000u;
   IndexerKeys keys = all;
   int m = n;
   if (in_bin <= T::kCandidates) {  // list the rows above the bin; the later passes read its rows
     for (int i = tid; i < n; i += T::kThreads) {
-      const uint32_t u = all(i), digit = u >> 20;
+      const uint32_t u = all(i), digit = u >> kIndexerFirstShift;
       if (digit > top_bin) {
         sh.list[atomicAdd(&sh.listed, 1)] = indexer_rank_key(u, i);
       } else if (digit == top_bin) {
@@ -234,19 +252,34 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
   const int n = indexer_visible_rows(indexer_position(p, blk.batch, q), p.compress_ratio, p.seq_c);
   const float* scores = p.scores + static_cast<int64_t>(slot) * p.row_stride;
   IndexerKeys keys{nullptr, scores, nullptr};
+  const bool select = n > p.topk;
+  if (select) {  // the first radix pass is counted as the keys are read
+    indexer_clear_histogram(sh);
+    if (threadIdx.x == 0) sh.listed = sh.compacted = 0;
+    __syncthreads();
+  }
   if (n <= p.smem_keys) {  // rows are 256-byte aligned and padded to 64 floats
     for (int i = 4 * threadIdx.x; i < n; i += 4 * T::kThreads) {
       const float4 v = *reinterpret_cast<const float4*>(scores + i);
-      staged[i] = indexer_score_key(v.x);
-      if (i + 1 < n) staged[i + 1] = indexer_score_key(v.y);
-      if (i + 2 < n) staged[i + 2] = indexer_score_key(v.z);
-      if (i + 3 < n) staged[i + 3] = indexer_score_key(v.w);
+      const uint32_t u[4] = {indexer_score_key(v.x), indexer_score_key(v.y),
+                             indexer_score_key(v.z), indexer_score_key(v.w)};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (i + e < n) {
+          staged[i + e] = u[e];
+          if (select) indexer_count(u[e], 0, 0, kIndexerFirstShift, kIndexerFirstBits, sh);
+        }
+      }
     }
     keys.staged = staged;
-    __syncthreads();
+  } else if (select) {
+    for (int i = threadIdx.x; i < n; i += T::kThreads) {
+      indexer_count(keys(i), 0, 0, kIndexerFirstShift, kIndexerFirstBits, sh);
+    }
   }
+  __syncthreads();
   int count = n;
-  if (n <= p.topk) {
+  if (!select) {
     for (int i = threadIdx.x; i < n; i += T::kThreads) sh.list[i] = indexer_rank_key(keys(i), i);
   } else {
     indexer_select(keys, n, p.topk, sh);
