@@ -38,13 +38,15 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
   }
   IndexerPlan plan;
   plan.queries_per_block = static_cast<int>(2 * 256 / heads);
-  plan.blocks_per_seq = static_cast<int>((seq_q + plan.queries_per_block - 1) / plan.queries_per_block);
+  const int per_block = plan.queries_per_block;
+  plan.blocks_per_seq = static_cast<int>((seq_q + per_block - 1) / per_block);
   const int64_t total_blocks = batch * plan.blocks_per_seq;
   if (total_blocks >= (int64_t(1) << 31)) return R::reference("too many query blocks");
   plan.total_blocks = static_cast<int>(total_blocks);
   plan.row_stride = (seq_c + 63) / 64 * 64;
   const int64_t block_bytes = int64_t(plan.queries_per_block) * plan.row_stride * 4;
-  const int64_t fit = std::max<int64_t>(1, std::min<int64_t>(kWorkspaceBudget / block_bytes, 65535));
+  const int64_t fit =
+      std::max<int64_t>(1, std::min<int64_t>(kWorkspaceBudget / block_bytes, 65535));
   plan.num_chunks = static_cast<int>((total_blocks + fit - 1) / fit);
   plan.chunk_blocks = static_cast<int>((total_blocks + plan.num_chunks - 1) / plan.num_chunks);
   plan.tiles_per_split = kTilesPerSplit;

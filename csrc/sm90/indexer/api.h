@@ -29,7 +29,9 @@ struct IndexerPlan {
   int splits = 0, tiles_per_split = 0;   // key splits per block in the score grid
   int64_t row_stride = 0;                // floats per workspace row
   int smem_keys = 0;                     // keys a top-k CTA stages in shared memory
-  int64_t workspace_bytes() const { return int64_t(chunk_blocks) * queries_per_block * row_stride * 4; }
+  int64_t workspace_bytes() const {
+    return int64_t(chunk_blocks) * queries_per_block * row_stride * 4;
+  }
 };
 
 Route<IndexerPlan> route_indexer(const IndexerProblem& problem, const DeviceFacts& device);

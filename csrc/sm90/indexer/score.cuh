@@ -172,8 +172,8 @@ __device__ __forceinline__ void indexer_tile_scores(float (&acc)[128], const flo
 }
 
 // Consumer `wg` (0 or 1) of kQ = 256 / H queries: their weights into shared memory, then per
-// tile: wait for the keys and its turn, issue S = K Q^T (64 x 256, over the 128 dims), pass the turn, release the
-// keys once read, and store the scores.
+// tile: wait for the keys and its turn, issue S = K Q^T (64 x 256, over the 128 dims), pass
+// the turn, release the keys once read, and store the scores.
 template <typename Element, int kQ>
 __device__ __forceinline__ void indexer_consume(IndexerScoreTraits::SharedStorage& s,
                                                 const IndexerParams& p, const IndexerBlock& blk,

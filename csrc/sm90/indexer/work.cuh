@@ -12,7 +12,8 @@ namespace dsv4 {
 struct IndexerBlock {
   int batch, first_query;
 };
-__device__ __forceinline__ bool indexer_block(const IndexerParams& p, int local, IndexerBlock& blk) {
+__device__ __forceinline__ bool indexer_block(const IndexerParams& p, int local,
+                                              IndexerBlock& blk) {
   const int g = p.chunk + local * p.num_chunks;
   if (local >= p.chunk_blocks || g >= p.total_blocks) return false;
   blk.batch = g / p.blocks_per_seq;
