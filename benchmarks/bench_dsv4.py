@@ -30,10 +30,12 @@ engine's decode graph runs them; a fourth its prefill rows (S = 8192 at 64k cont
 FlashMLA's bf16 sparse prefill and our bf16 dsv4_attention. --only-paged-decode prints only
 those two tables.
 
-A last table times dsv4_indexer_topk (the lightning indexer, exact mode: bf16 q and k, fp32
-scores) on fresh prompts of 8k to 128k tokens against the bf16 GEMM rate, and a whole CSA layer
-at 64k (indexer, then dsv4_attention on its picks) against the sum of the two floors, after an
-exact small case is checked against the float64 oracle. --only-indexer prints only it.
+A last table times dsv4_indexer_topk (the lightning indexer) on fresh prompts of 8k to 128k
+tokens in both modes: exact (bf16 q and k) against the bf16 GEMM rate, serving (float8_e4m3 q
+and k with row scales) against the same-run FP8 GEMM rate (torch._scaled_mm); then a whole CSA
+layer at 64k with each (indexer, then dsv4_attention on its picks) against the sum of the two
+floors. An exact small case of each mode is checked against the float64 oracle first.
+--only-indexer prints only it.
 """
 import argparse
 import math
@@ -370,9 +372,13 @@ VS_FLASHMLA = [  # (kind, topk, context, Hq): issue 44's rows, S = 8192
 INDEXER_HEADS, INDEXER_DIM, INDEXER_TOPK = 64, 128, 512
 
 
+FP8 = torch.float8_e4m3fn
+
+
 def indexer_inputs(s, device, dtype=torch.bfloat16, ints=False):
     """A fresh prompt of s tokens for the lightning indexer (V4-Flash sizes): q (1, s, 64, 128),
-    the s / 4 compressed keys, the head weights and the positions 0 .. s - 1."""
+    the s / 4 compressed keys, the head weights and the positions 0 .. s - 1. With dtype FP8 the
+    keys also get row scales (k_scale, powers of two); otherwise k_scale is None."""
     if ints:  # small integers: exact scores, so two implementations must agree on every pick
         draw = lambda *shape: torch.randint(-2, 3, shape, device=device).float()  # noqa: E731
     else:
@@ -380,17 +386,20 @@ def indexer_inputs(s, device, dtype=torch.bfloat16, ints=False):
     q = draw(1, s, INDEXER_HEADS, INDEXER_DIM).to(dtype)
     k = draw(1, s // 4, INDEXER_DIM).to(dtype)
     w = draw(1, s, INDEXER_HEADS)
-    return q, k, w, torch.arange(s, device=device)[None]
+    k_scale = (torch.exp2(torch.randint(-3, 1, (1, s // 4), device=device).float())
+               if dtype == FP8 else None)
+    return q, k, w, torch.arange(s, device=device)[None], k_scale
 
 
-def check_indexer(device):
+def check_indexer(device, dtype=torch.bfloat16):
     """The indexer on a small exact case against the float64 oracle: True if every pick and
     its order agree."""
     from dsv4_attn import reference
-    q, k, w, pos = indexer_inputs(256, device, ints=True)
-    kw = dict(topk=INDEXER_TOPK, compress_ratio=4, scale=0.5)
+    q, k, w, pos, k_scale = indexer_inputs(256, device, dtype, ints=True)
+    kw = dict(topk=INDEXER_TOPK, compress_ratio=4, scale=0.5, k_scale=k_scale)
     got = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
-    want = reference.indexer_topk(q.cpu(), k.cpu(), w.cpu(), pos.cpu(), **kw)
+    kw["k_scale"] = None if k_scale is None else k_scale.cpu()
+    want = reference.indexer_topk(q.cpu().float(), k.cpu().float(), w.cpu(), pos.cpu(), **kw)
     return bool(torch.equal(got.cpu(), want))
 
 
@@ -400,41 +409,54 @@ def indexer_flops(s):
     return 2.0 * INDEXER_HEADS * INDEXER_DIM * float(closed.sum())
 
 
+# Issue 46's targets, as a fraction of the same-run GEMM rate of the mode's type.
+INDEXER_TARGETS = {(FP8, 8192): 0.5, (FP8, 65536): 0.6, (FP8, 131072): 0.6,
+                   (torch.bfloat16, 65536): 0.6}
+
+
 def rows_indexer(ceil, device, quick):
-    """dsv4_indexer_topk's exact mode (bf16 q and k, fp32 scores) on fresh prompts, and the
+    """dsv4_indexer_topk on fresh prompts in both modes: exact (bf16 q and k) against the bf16
+    GEMM rate, serving (float8_e4m3 q and k, row scales) against the FP8 GEMM rate; then the
     whole CSA layer at 64k (indexer, then dsv4_attention on its picks) against the sum of the
-    two floors (useful FLOPs over the same-run GEMM rate)."""
+    two floors (useful FLOPs over the same-run GEMM rate of each part's type)."""
     rows = []
-    for s in ([8192] if quick else [8192, 65536, 131072]):
-        q, k, w, pos = indexer_inputs(s, device)
-        kw = dict(topk=INDEXER_TOPK, compress_ratio=4)
-        path = dsv4_attn.dsv4_indexer_topk_path(q, k, w, pos, **kw)
-        ms = common.bench_ms(lambda: dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw), warmup=1,
-                             rep=5, budget_ms=None)
-        rate = indexer_flops(s) / ms / 1e9
-        target = "60% GEMM" if s == 65536 else "none in exact mode"  # issue 46's FP8 rows differ
-        rows.append([f"indexer bf16 scores + top-512, S = {s // 1024}k fresh prompt", path,
-                     f"{ms:.2f}", f"{rate:.0f}", f"{100 * rate / ceil['gemm']:.0f}% GEMM", target])
-        del q, k, w
+    for dtype, name, ceiling in ((torch.bfloat16, "bf16", "gemm"), (FP8, "fp8", "fp8_gemm")):
+        for s in ([8192] if quick else [8192, 65536, 131072]):
+            q, k, w, pos, k_scale = indexer_inputs(s, device, dtype)
+            kw = dict(topk=INDEXER_TOPK, compress_ratio=4, k_scale=k_scale)
+            path = dsv4_attn.dsv4_indexer_topk_path(q, k, w, pos, **kw)
+            ms = common.bench_ms(lambda: dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw),
+                                 warmup=1, rep=5, budget_ms=None)
+            rate = indexer_flops(s) / ms / 1e9
+            target = INDEXER_TARGETS.get((dtype, s))
+            label = "GEMM" if ceiling == "gemm" else "FP8 GEMM"
+            rows.append([f"indexer {name} scores + top-512, S = {s // 1024}k fresh prompt", path,
+                         f"{ms:.2f}", f"{rate:.0f}", f"{100 * rate / ceil[ceiling]:.0f}% {label}",
+                         f"{100 * target:.0f}% {label}" if target else "none"])
+            del q, k, w
     if quick:
         return rows
     s = 65536
-    qi, ki, w, pos = indexer_inputs(s, device)
     q, kv, kw, t, closed = layer_inputs("CSA", s, s, 64, INDEXER_TOPK, device, torch.bfloat16)
     kw.pop("topk_indices")
+    for dtype, name, ceiling in ((torch.bfloat16, "bf16", "gemm"), (FP8, "fp8", "fp8_gemm")):
+        qi, ki, w, pos, k_scale = indexer_inputs(s, device, dtype)
+        ikw = dict(topk=INDEXER_TOPK, compress_ratio=4, k_scale=k_scale)
 
-    def layer():
-        idx = dsv4_attn.dsv4_indexer_topk(qi, ki, w, pos, topk=INDEXER_TOPK, compress_ratio=4)
-        return dsv4_attn.dsv4_attention(q, kv, topk_indices=idx, **kw)
+        def layer():
+            idx = dsv4_attn.dsv4_indexer_topk(qi, ki, w, pos, **ikw)
+            return dsv4_attn.dsv4_attention(q, kv, topk_indices=idx, **kw)
 
-    ms = common.bench_ms(layer, warmup=1, rep=3, budget_ms=None)
-    idx = dsv4_attn.dsv4_indexer_topk(qi, ki, w, pos, topk=INDEXER_TOPK, compress_ratio=4)
-    pairs = float(torch.clamp(t + 1, max=WINDOW).sum()) + float((idx >= 0).sum())
-    floor = (indexer_flops(s) + 2.0 * 64 * pairs * 2 * D) / ceil["gemm"] / 1e9
-    path = (dsv4_attn.dsv4_indexer_topk_path(qi, ki, w, pos, topk=INDEXER_TOPK, compress_ratio=4)
-            + " + " + dsv4_attn.dsv4_attention_path(q, kv, topk_indices=idx, **kw))
-    rows.append(["CSA layer, S = 64k: indexer + dsv4_attention (64 heads)", path, f"{ms:.2f}",
-                 f"floor {floor:.2f} ms", f"{ms / floor:.2f}x floor", "1.4x floor"])
+        ms = common.bench_ms(layer, warmup=1, rep=3, budget_ms=None)
+        idx = dsv4_attn.dsv4_indexer_topk(qi, ki, w, pos, **ikw)
+        pairs = float(torch.clamp(t + 1, max=WINDOW).sum()) + float((idx >= 0).sum())
+        floor = (indexer_flops(s) / ceil[ceiling] + 2.0 * 64 * pairs * 2 * D / ceil["gemm"]) / 1e9
+        path = (dsv4_attn.dsv4_indexer_topk_path(qi, ki, w, pos, **ikw) + " + " +
+                dsv4_attn.dsv4_attention_path(q, kv, topk_indices=idx, **kw))
+        rows.append([f"CSA layer, S = 64k: {name} indexer + dsv4_attention (64 heads)", path,
+                     f"{ms:.2f}", f"floor {floor:.2f} ms", f"{ms / floor:.2f}x floor",
+                     "1.4x floor"])
+        del qi, ki, w, idx
     return rows
 
 
@@ -615,9 +637,14 @@ def main(argv=None):
         table_md += "\n\n" + common.format_table(kv_headers, kv_rows, markdown=True)
     indexer = not (args.only_vs_flashmla or args.only_paged_decode)
     if indexer:
+        ceil["fp8_gemm"] = common.fp8_gemm_tflops(device)
+        checks = ", ".join(
+            f"{name} {'every pick agrees' if check_indexer(device, dt) else 'MISMATCH'}"
+            for dt, name in ((torch.bfloat16, "bf16"), (FP8, "fp8")))
         indexer_note = ("dsv4_indexer_topk, 64 heads x 128, top-512 of the closed rows of a 4x "
-                        "compressed prompt; check on an exact small case against the float64 "
-                        f"oracle: {'every pick agrees' if check_indexer(device) else 'MISMATCH'}")
+                        "compressed prompt (fp8: row scales); FP8 GEMM 8192^3 (torch._scaled_mm) "
+                        f"{ceil['fp8_gemm']:.0f} TFLOP/s this run; check on an exact small case "
+                        f"against the float64 oracle: {checks}")
         indexer_headers = ["row", "path", "ms", "TFLOP/s useful", "of ceiling", "target"]
         indexer_rows = rows_indexer(ceil, device, args.quick)
         table_md += ("\n\n" + indexer_note + "\n\n" +

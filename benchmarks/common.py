@@ -115,6 +115,19 @@ def gemm_tflops(device, dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> f
     return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
 
 
+def fp8_gemm_tflops(device, n: int = 8192) -> float:
+    """Dense FP8 GEMM rate of this device in this run: median of n^3 torch._scaled_mm
+    (float8_e4m3 operands, unit scales, bf16 out), in TFLOP/s."""
+    a = randn((n, n), torch.bfloat16, device).to(torch.float8_e4m3fn)
+    b = randn((n, n), torch.bfloat16, device).to(torch.float8_e4m3fn).t()  # column-major
+    one = torch.ones((), dtype=torch.float32, device=device)
+    ms = bench_ms(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                           out_dtype=torch.bfloat16),
+                  warmup=5, rep=30, budget_ms=500.0)
+    del a, b
+    return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
+
+
 @contextlib.contextmanager
 def env_override(name: str, value: str):
     """Sets an environment variable for the block (the DSV4_* overrides are read per op call)."""

@@ -85,11 +85,13 @@ def cases():
         "dsv4_indexer_topk", (t(1, 8192, 64, 128), t(1, 2048, 128), torch.empty(1, 8192, 64),
                               torch.empty(1, 8192, dtype=torch.long)),
         {"topk": 512, "compress_ratio": 4})
-    yield "indexer: varlen (cu_seqlens)", (
-        "dsv4_indexer_topk", (t(8192, 64, 128), t(2048, 128), torch.empty(8192, 64),
-                              torch.empty(8192, dtype=torch.long)),
-        {"topk": 512, "compress_ratio": 4, "cu_seqlens_q": torch.tensor([0, 8192]).int(),
-         "cu_seqlens_k": torch.tensor([0, 2048]).int()})
+    fp8 = torch.float8_e4m3fn
+    yield "indexer: varlen FP8, 4 sequences of 2048 queries and 512 rows, max_seqlen given", (
+        "dsv4_indexer_topk", (t(8192, 64, 128, dtype=fp8), t(2048, 128, dtype=fp8),
+                              torch.empty(8192, 64), torch.empty(8192, dtype=torch.long)),
+        {"topk": 512, "compress_ratio": 4, "k_scale": torch.ones(2048),
+         "cu_seqlens_q": cu(2048, 2048, 2048, 2048), "cu_seqlens_k": cu(512, 512, 512, 512),
+         "max_seqlen_q": 2048, "max_seqlen_k": 512})
     pool = torch.empty(1024, 32, 128, 128)
     yield "decode: B = 64, T = 1, (H, HV) = (16, 32), fp32 pool of 1024", (
         "gated_delta_rule_decode", (t(64, 1, 16, 128), t(64, 1, 16, 128), t(64, 1, 32, 128),

@@ -1,7 +1,7 @@
 """Small calls of the lightning indexer's kernels for compute-sanitizer (scripts/gpu_check.sh):
 64 heads over two key splits with a full radix select, 8 heads (64 queries per block, a
 partial last block), 256 heads (one query per consumer), row scales and a negative scale,
-int32 positions in any order. (The chunked calls are too large for racecheck; tests cover them.)"""
+float8_e4m3 q and k with row scales (the serving mode), int32 positions in any order. (The chunked calls are too large for racecheck; tests cover them.)"""
 import torch
 
 import dsv4_attn
@@ -11,9 +11,10 @@ calls = [  # (B, Sq, Sc, H, topk, dtype, extra)
     (1, 40, 2100, 64, 512, torch.bfloat16, {}),
     (1, 70, 300, 8, 64, torch.float16, {"scale": -0.5}),
     (2, 5, 90, 256, 16, torch.bfloat16, {"k_scale": True}),
+    (1, 40, 2100, 64, 512, torch.float8_e4m3fn, {"k_scale": True}),
 ]
 for b, sq, sc, h, topk, dtype, extra in calls:
-    q = torch.randn(b, sq, h, 128, device="cuda").to(dtype)
+    q = torch.randn(b, sq, h, 128, device="cuda").to(dtype)  # fp8: rounded, in range
     k = torch.randn(b, sc, 128, device="cuda").to(dtype)
     w = torch.randn(b, sq, h, device="cuda")
     pos = (torch.randperm(4 * sc, device="cuda")[:sq].int())[None].repeat(b, 1)

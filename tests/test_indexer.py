@@ -126,6 +126,14 @@ def test_indexer_bad_inputs_name_the_argument():
                    compress_ratio=4), "need k_scale"),
         (lambda: f(q[0], k[0], w[0], pos[0], topk=2, compress_ratio=4,
                    cu_seqlens_q=torch.tensor([0, 4])), "give both cu_seqlens"),
+        (lambda: f(q, k, w, pos, topk=2, compress_ratio=4, max_seqlen_q=4),
+         "apply to varlen calls only"),
+        (lambda: f(q[0], k[0], w[0], pos[0], topk=2, compress_ratio=4,
+                   cu_seqlens_q=torch.tensor([0, 4]), cu_seqlens_k=torch.tensor([0, 6]),
+                   max_seqlen_q=-2), "max_seqlen_q and max_seqlen_k must be >= 0"),
+        (lambda: f(q[0], k[0], w[0], pos[0], topk=2, compress_ratio=4,
+                   cu_seqlens_q=torch.tensor([0, 4]), cu_seqlens_k=torch.tensor([0, 6]),
+                   max_seqlen_k=3), "max_seqlen_k must be >= the longest"),
     ]
     for call, text in bad:
         with pytest.raises(RuntimeError, match=text):

@@ -3,8 +3,12 @@ top-k kernel against the float64 oracle (reference.indexer_topk) and the referen
 
 Small-integer inputs with a power-of-two scale make every score exact in fp32 and float64, so
 the picks, their order and the tie rule (ties to the lower row; integer scores tie often) are
-compared exactly. Gaussian inputs are checked by the float64 score at each rank.
+compared exactly. Gaussian inputs are checked by the float64 score at each rank. The FP8 serving
+mode (float8_e4m3 q and k, row scales) is checked exactly on small integers, and on quantized
+Gaussian inputs against the quantization bound.
 """
+import math
+
 import pytest
 import torch
 
@@ -121,6 +125,129 @@ def test_kernel_gaussian_scores_at_each_rank():
     assert all(len(set(r.tolist())) == topk for r in got[0])
 
 
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8_case(seed, b, sq, sc, h, ratio=4, signed_scales=False):
+    """Small integers (exact in float8_e4m3) and power-of-two row scales: exact scores."""
+    q, k, w, pos = _case(seed, b, sq, sc, h, FP8, ratio)
+    gen = torch.Generator().manual_seed(stable_seed(seed, "k_scale", b, sc))
+    k_scale = torch.exp2(_ints(gen, b, sc, lo=-2, hi=2))
+    if signed_scales:  # a negative row scale takes the epilogue's per-element path
+        k_scale *= torch.where(torch.rand(b, sc, generator=gen) < 0.1, -1.0, 1.0)
+    return q, k, w, pos, k_scale.cuda()
+
+
+@pytest.mark.parametrize("b,sq,sc,h,topk,ratio,signed", [
+    (1, 40, 5000, 64, 512, 4, False),    # three key splits, a full radix select
+    (1, 100, 200, 8, 16, 4, False),      # 64 queries per block
+    (1, 9, 130, 256, 8, 4, True),        # one query per consumer, some negative row scales
+    (2, 33, 700, 16, 700, 1, True),      # topk = Sc
+    (1, 20, 40, 128, 64, 128, False),    # a few closed rows, -1 tails
+])
+def test_fp8_kernel_matches_oracle_exactly(b, sq, sc, h, topk, ratio, signed):
+    q, k, w, pos, k_scale = _fp8_case("fp8", b, sq, sc, h, ratio, signed)
+    kw = dict(topk=topk, compress_ratio=ratio, scale=0.5, k_scale=k_scale)
+    assert dsv4_attn.dsv4_indexer_topk_path(q, k, w, pos, **kw) == "sm90"
+    got = _poisoned_run(q, k, w, pos, **kw)
+    want = ref.indexer_topk(q.cpu().float(), k.cpu().float(), w.cpu(), pos.cpu(),
+                            **dict(kw, k_scale=k_scale.cpu()))
+    assert torch.equal(got.cpu(), want)
+
+
+def test_fp8_kernel_within_the_quantization_bound():
+    """The serving mode as vLLM feeds it: q quantized per (token, head) with its scale folded
+    into the weights, k per row with k_scale. Against the dequantized inputs' float64 scores the
+    picks are the top-k up to the accumulator's rounding; against the unquantized inputs each
+    pick is within the realized quantization error of the k-th best (E below)."""
+    gen = torch.Generator().manual_seed(12)
+    sq, sc, h, topk, scale = 64, 3000, 64, 512, 128 ** -0.5
+    q = torch.randn(sq, h, 128, generator=gen, dtype=torch.float64)
+    k = torch.randn(sc, 128, generator=gen, dtype=torch.float64)
+    w = torch.randn(sq, h, generator=gen, dtype=torch.float64)
+    pos = torch.arange(sq) + 4 * sc - sq
+    q_scale = (q.abs().amax(-1) / 448).float().double()
+    k_scale = (k.abs().amax(-1) / 448).float()
+    q8, k8 = (q / q_scale[..., None]).to(FP8), (k / k_scale.double()[:, None]).to(FP8)
+    w_folded = (w * q_scale).float()
+    got = dsv4_attn.dsv4_indexer_topk(q8[None].cuda(), k8[None].cuda(), w_folded[None].cuda(),
+                                      pos[None].cuda(), topk=topk, compress_ratio=4,
+                                      k_scale=k_scale[None].cuda())[0].cpu().long()
+    assert (got >= 0).all() and all(len(set(r.tolist())) == topk for r in got)
+    q_deq, k_deq = q8.double() * q_scale[..., None], k8.double() * k_scale.double()[:, None]
+    deq = ref.indexer_scores(q_deq, k_deq, w, pos, 4, scale)
+    true = ref.indexer_scores(q, k, w, pos, 4, scale)
+    # The accumulator's rounding: 2^-10 of each head's sum of |products| (FP8 wgmma keeps
+    # about 14 bits while it accumulates), weighted like the score.
+    slack = 2.0 ** -10 * scale * torch.einsum("ih,ihd,sd->is", w.abs(), q_deq.abs(), k_deq.abs())
+    kth = deq.sort(dim=1, descending=True).values[:, topk - 1:topk]
+    assert (deq.gather(1, got) >= kth - slack.gather(1, got) - slack.amax(1, keepdim=True)).all()
+    visible = deq > -math.inf
+    err = torch.where(visible, (deq - true).abs() + slack, 0.0)  # E: realized error + rounding
+    true_kth = true.sort(dim=1, descending=True).values[:, topk - 1:topk]
+    assert (true.gather(1, got) >= true_kth - err.gather(1, got) -
+            err.amax(1, keepdim=True)).all()
+
+
+def _varlen_case(seed, lens_q, lens_c, h, dtype, ratio=4):
+    """Sequences packed along T and total_c; sequence j's queries are the last lens_q[j]
+    positions of a prompt with lens_c[j] closed rows (negative where lens_q is the larger)."""
+    gen = torch.Generator().manual_seed(stable_seed(seed, *lens_q, *lens_c, h, dtype))
+    t, c = sum(lens_q), sum(lens_c)
+    q = _ints(gen, t, h, 128).to(dtype).cuda()
+    k = _ints(gen, c, 128).to(dtype).cuda()
+    w = _ints(gen, t, h).cuda()
+    pos = torch.cat([torch.arange(n) + ratio * m - n for n, m in zip(lens_q, lens_c)]).cuda()
+    cu = lambda lens: torch.tensor([0, *lens]).cumsum(0).int().cuda()  # noqa: E731
+    k_scale = torch.exp2(_ints(gen, c, lo=-2, hi=2)).cuda() if dtype == FP8 else None
+    return q, k, w, pos, cu(lens_q), cu(lens_c), k_scale
+
+
+@pytest.mark.parametrize("lens_q,lens_c,h,topk", [
+    ([50, 0, 300, 7], [100, 40, 3000, 0], 64, 512),  # an empty sequence, one with no rows
+    ([1, 1, 1, 1, 1], [5000, 10, 700, 2100, 1], 64, 256),  # decode-like: one query each
+    ([130, 70], [33000, 200], 8, 512),  # rows past a top-k CTA's shared memory
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
+def test_varlen_kernel_matches_oracle_exactly(lens_q, lens_c, h, topk, dtype):
+    q, k, w, pos, cu_q, cu_k, k_scale = _varlen_case("varlen", lens_q, lens_c, h, dtype)
+    kw = dict(topk=topk, compress_ratio=4, scale=0.5, k_scale=k_scale, cu_seqlens_q=cu_q,
+              cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_c))
+    assert dsv4_attn.dsv4_indexer_topk_path(q, k, w, pos, **kw) == "sm90"
+    got = _poisoned_run(q, k, w, pos, **kw)
+    cpu = {n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in kw.items()
+           if not n.startswith("max_seqlen")}
+    want = ref.indexer_topk(q.cpu().float(), k.cpu().float(), w.cpu(), pos.cpu(), **cpu)
+    assert got.shape == (sum(lens_q), topk)
+    assert torch.equal(got.cpu(), want)
+    # Without max_seqlen_* the op reads them from cu_seqlens (a host sync) and agrees.
+    del kw["max_seqlen_q"], kw["max_seqlen_k"]
+    assert torch.equal(dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw), got)
+
+
+def test_varlen_kernel_in_a_cuda_graph():
+    """A serving step: captured once, replayed with new sequence lengths and positions under
+    the same max_seqlen bounds, with no host sync."""
+    h, topk = 64, 128
+    q, k, w, pos, cu_q, cu_k, _ = _varlen_case("vgraph", [40, 24], [900, 300], h, torch.bfloat16)
+    kw = dict(topk=topk, compress_ratio=4, scale=0.5, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+              max_seqlen_q=64, max_seqlen_k=1200)
+    dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
+    for lens_q, lens_c in (([10, 54], [1200, 0]), ([64, 0], [2, 1198])):
+        cu_q.copy_(torch.tensor([0, *lens_q]).cumsum(0))
+        cu_k.copy_(torch.tensor([0, *lens_c]).cumsum(0))
+        pos.copy_(torch.cat([torch.arange(n) + 4 * m - n for n, m in zip(lens_q, lens_c)]))
+        out.fill_(-7)
+        graph.replay()
+        want = ref.indexer_topk(q.cpu(), k.cpu(), w.cpu(), pos.cpu(), topk=topk, compress_ratio=4,
+                                scale=0.5, cu_seqlens_q=cu_q.cpu(), cu_seqlens_k=cu_k.cpu())
+        assert torch.equal(out.cpu(), want)
+
+
 def test_kernel_in_a_cuda_graph():
     """Captured once, replayed with new positions and new keys: no host sync, no stale plan."""
     q, k, w, pos = _case("graph", 1, 64, 1000, 64, torch.bfloat16)
@@ -146,7 +273,7 @@ def test_route_names_its_reasons():
     assert plan(q, k, w, pos).startswith("sm90 indexer queries_per_block=8")
     assert "head dim is not 128" in plan(q[..., :64], k[..., :64], w, pos)
     assert "power of two" in plan(q[:, :, :48], k, w[..., :48], pos)
-    assert "q is not bf16" in plan(q.float(), k.float(), w, pos)
+    assert "q is not bf16, fp16 or float8_e4m3fn" in plan(q.float(), k.float(), w, pos)
     assert "topk above 2048" in dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos,
                                                       topk=4096, compress_ratio=4)
     heads_strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, Sq, H, D), H outer

@@ -99,11 +99,19 @@ IndexerCall check_indexer_inputs(const at::Tensor& q, const at::Tensor& k,
     TORCH_CHECK(check_cu_seqlens_shape(kOp, "cu_seqlens_k", *cu_seqlens_k, q) == n, kOp,
                 ": cu_seqlens_k must have cu_seqlens_q's length ", n + 1, " (got ",
                 cu_seqlens_k->size(0), ")");
-    check_cu_seqlens_values(kOp, "cu_seqlens_q", *cu_seqlens_q, q.size(0), "T = q.size(0)");
-    check_cu_seqlens_values(kOp, "cu_seqlens_k", *cu_seqlens_k, k.size(0), "k.size(0)");
+    TORCH_CHECK(max_seqlen_q >= -1 && max_seqlen_k >= -1, kOp,
+                ": max_seqlen_q and max_seqlen_k must be >= 0, or -1 to read them from "
+                "cu_seqlens (got ", max_seqlen_q, ", ", max_seqlen_k, ")");
+    c.max_seqlen_q = resolve_max_seqlen(kOp, "query", "cu_seqlens_q", *cu_seqlens_q, q.size(0),
+                                        "T = q.size(0)", "max_seqlen_q", max_seqlen_q);
+    c.max_seqlen_k = resolve_max_seqlen(kOp, "key", "cu_seqlens_k", *cu_seqlens_k, k.size(0),
+                                        "k.size(0)", "max_seqlen_k", max_seqlen_k);
     c.cu_seqlens_q = as_int32_cu_seqlens(*cu_seqlens_q);
     c.cu_seqlens_k = as_int32_cu_seqlens(*cu_seqlens_k);
   } else {
+    TORCH_CHECK(max_seqlen_q == -1 && max_seqlen_k == -1, kOp,
+                ": max_seqlen_q and max_seqlen_k apply to varlen calls only; leave them at -1 "
+                "without cu_seqlens (got ", max_seqlen_q, ", ", max_seqlen_k, ")");
     check_dim(kOp, "q", q, 4, "(B, Sq, H, D)");
     check_dim(kOp, "k", k, 3, "(B, Sc, D)");
     check_size(kOp, "k", k, 0, q.size(0), "B, as in q");
@@ -114,8 +122,6 @@ IndexerCall check_indexer_inputs(const at::Tensor& q, const at::Tensor& k,
                 ": positions must have shape (B, Sq) = ", q.sizes().slice(0, 2), " (got ",
                 shape_str(positions), ")");
   }
-  (void)max_seqlen_q;  // the reference path reads cu_seqlens; kept for the kernels' contract
-  (void)max_seqlen_k;
   TORCH_CHECK(k.size(-1) == q.size(-1), kOp, ": k's last dim must be q's head dim ", q.size(-1),
               " (got ", k.size(-1), ")");
   TORCH_CHECK(q.size(-1) >= 1, kOp, ": the head dim must be positive (got ", q.size(-1), ")");
@@ -145,8 +151,9 @@ IndexerCall check_indexer_inputs(const at::Tensor& q, const at::Tensor& k,
 at::Tensor dsv4_indexer_topk(const IndexerCall& c) {
   c10::DeviceGuard guard(c.q.device());
   if (const Route<IndexerPlan> r = route(c, false); r.sm90) {
-    at::Tensor out = at::empty({c.q.size(0), c.q.size(1), c.topk},
-                               c.q.options().dtype(at::kInt));
+    at::Tensor out = c.varlen ? at::empty({c.q.size(0), c.topk}, c.q.options().dtype(at::kInt))
+                              : at::empty({c.q.size(0), c.q.size(1), c.topk},
+                                          c.q.options().dtype(at::kInt));
     run_indexer(c, r.plan, out);
     return out;
   }

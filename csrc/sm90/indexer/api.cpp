@@ -1,5 +1,6 @@
-// The indexer's route: the kernels' shapes (bf16/fp16, D = 128, H a power of two from 8 to 256,
-// topk up to 2048, dense calls) and the chunking of the score workspace.
+// The indexer's route: the kernels' shapes (bf16/fp16 or float8_e4m3, D = 128, H a power of two
+// from 8 to 256, topk up to 2048, dense or varlen) and the chunking of the score workspace. A
+// varlen call is planned from max_seqlen_q and max_seqlen_k, so it needs no host sync.
 #include "sm90/indexer/api.h"
 
 #include "sm90/indexer/params.h"
@@ -18,22 +19,30 @@ constexpr int kTilesPerSplit = 32;                        // 2048 key rows per s
 Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& device) {
   using R = Route<IndexerPlan>;
   if (!device.sm90) return R::reference(device.why_not);
-  if (pr.varlen) return R::reference("varlen calls (cu_seqlens) have no sm90 kernel yet");
   const at::ScalarType dt = pr.q.scalar_type();
-  if (dt != at::kBFloat16 && dt != at::kHalf) return R::reference("q is not bf16 or fp16");
-  const int64_t batch = pr.q.size(0), seq_q = pr.q.size(1), heads = pr.q.size(2);
-  const int64_t dim = pr.q.size(3), seq_c = pr.k.size(1);
+  if (dt != at::kBFloat16 && dt != at::kHalf && dt != at::kFloat8_e4m3fn) {
+    return R::reference("q is not bf16, fp16 or float8_e4m3fn");
+  }
+  // Dense q (B, Sq, H, D), k (B, Sc, D); varlen q (T, H, D), k (total_c, D).
+  const int64_t batch = pr.varlen ? pr.cu_seqlens_q->size(0) - 1 : pr.q.size(0);
+  const int64_t seq_q = pr.varlen ? pr.max_seqlen_q : pr.q.size(1);
+  const int64_t seq_c = pr.varlen ? pr.max_seqlen_k : pr.k.size(1);
+  const int64_t heads = pr.q.size(-2), dim = pr.q.size(-1);
+  const int64_t view_q = pr.varlen ? pr.q.size(0) : seq_q;  // queries along the TMA view
   if (dim != 128) return R::reference("the head dim is not 128");
   if (heads < 8 || heads > 256 || (heads & (heads - 1)) != 0) {
     return R::reference("heads not a power of two from 8 to 256");
   }
   if (pr.topk > kIndexerMaxTopk) return R::reference("topk above 2048");
-  if (batch == 0 || seq_q == 0 || seq_c == 0) return R::reference("no queries or no rows");
-  if (pr.q.stride(1) != heads * pr.q.stride(2) || !tma_compatible(pr.q) ||
+  if (batch == 0 || seq_q == 0 || seq_c == 0 || pr.q.numel() == 0 || pr.k.numel() == 0) {
+    return R::reference("no queries or no rows");
+  }
+  if (pr.q.stride(-3) != heads * pr.q.stride(-2) || !tma_compatible(pr.q) ||
       !tma_compatible(pr.k)) {
     return R::reference("q or k strides TMA cannot describe (q's heads must be contiguous rows)");
   }
-  if (seq_q * heads >= (int64_t(1) << 31) || seq_c >= (int64_t(1) << 30)) {
+  if (view_q * heads >= (int64_t(1) << 31) || pr.k.size(-2) >= (int64_t(1) << 30) ||
+      seq_c >= (int64_t(1) << 30)) {
     return R::reference("more query rows or key rows than the kernels index");
   }
   IndexerPlan plan;

@@ -17,6 +17,7 @@ struct IndexerProblem {
   at::Tensor q, k, weights, positions;
   std::optional<at::Tensor> k_scale;
   std::optional<at::Tensor> cu_seqlens_q, cu_seqlens_k;  // int32 copies
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;            // varlen: the longest sequences
   int64_t topk = 0, compress_ratio = 1;
   double scale = 0.0;
   bool varlen = false;
@@ -37,7 +38,8 @@ struct IndexerPlan {
 Route<IndexerPlan> route_indexer(const IndexerProblem& problem, const DeviceFacts& device);
 std::string describe(const IndexerPlan& plan);
 
-// Queues the kernels on the current stream, chunk by chunk; out (B, Sq, topk) int32 contiguous.
+// Queues the kernels on the current stream, chunk by chunk; out (B, Sq, topk) or (T, topk) int32
+// contiguous.
 void run_indexer(const IndexerProblem& problem, const IndexerPlan& plan, at::Tensor& out);
 
 }  // namespace dsv4

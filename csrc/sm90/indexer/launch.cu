@@ -17,16 +17,17 @@ constexpr const char* kOp = "dsv4_indexer_topk";
 template <typename Element>
 void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, const CUtensorMap& tq,
                    const CUtensorMap& tk, int device, cudaStream_t stream) {
+  using Traits = IndexerScoreTraits<Element>;
   constexpr auto kScore = indexer_score_kernel<Element>;
-  constexpr int kScoreSmem = IndexerScoreTraits::kSmemBytes;
+  constexpr int kScoreSmem = Traits::kSmemBytes;
   allow_dynamic_smem<kScore>(device, kScoreSmem);
   const int topk_smem = plan.smem_keys * 4;
   allow_dynamic_smem<indexer_topk_kernel>(device, kIndexerKeyCapacity * 4);
   for (int c = 0; c < plan.num_chunks; ++c) {
     IndexerParams p = base;
     p.chunk = c;
-    kScore<<<dim3(plan.splits, plan.chunk_blocks), IndexerScoreTraits::kThreads, kScoreSmem,
-             stream>>>(tq, tk, p);
+    kScore<<<dim3(plan.splits, plan.chunk_blocks), Traits::kThreads, kScoreSmem, stream>>>(tq, tk,
+                                                                                           p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     indexer_topk_kernel<<<plan.chunk_blocks * plan.queries_per_block, IndexerTopkTraits::kThreads,
                           topk_smem, stream>>>(p);
@@ -37,16 +38,19 @@ void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, const CUt
 }  // namespace
 
 void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& out) {
-  const int64_t batch = pr.q.size(0), seq_q = pr.q.size(1), heads = pr.q.size(2);
-  const int64_t seq_c = pr.k.size(1);
-  // q as (B, Sq H, 1, D): a q row per (query, head), a consumer's 256 rows in one box.
-  const at::Tensor q_rows = pr.q.as_strided({batch, seq_q * heads, 1, pr.q.size(3)},
-                                            {pr.q.stride(0), pr.q.stride(2), pr.q.stride(2),
-                                             pr.q.stride(3)});
+  // The (Bv, Sv, ...) views of params.h: varlen tensors are one sequence of T queries and
+  // total_c rows, in which cu_seqlens place each sequence.
+  const at::Tensor q = pr.varlen ? pr.q.unsqueeze(0) : pr.q;  // (Bv, Sv, H, D)
+  const at::Tensor k = pr.varlen ? pr.k.unsqueeze(0) : pr.k;  // (Bv, Sc_v, D)
+  const at::Tensor positions = pr.varlen ? pr.positions.unsqueeze(0) : pr.positions;
+  const int64_t heads = q.size(2);
+  // q as (Bv, Sv H, 1, D): a q row per (query, head), a consumer's 256 rows in one box.
+  const at::Tensor q_rows = q.as_strided({q.size(0), q.size(1) * heads, 1, q.size(3)},
+                                         {q.stride(0), q.stride(2), q.stride(2), q.stride(3)});
   const CUtensorMap tq = make_tensor_map_bshd(kOp, q_rows, "q", 256, 1);
-  const CUtensorMap tk = make_tensor_map_bshd(kOp, pr.k.unsqueeze(2), "k", 64, 1);
+  const CUtensorMap tk = make_tensor_map_bshd(kOp, k.unsqueeze(2), "k", 64, 1);
   const at::Tensor weights = pr.weights.to(at::kFloat).contiguous();  // as given when fp32
-  const std::optional<at::Tensor>& k_scale = pr.k_scale;  // fp32 (check_indexer_inputs)
+  const std::optional<at::Tensor>& k_scale = pr.k_scale;  // fp32; always given with FP8
   const at::Tensor workspace =
       at::empty({plan.workspace_bytes() / 4}, pr.q.options().dtype(at::kFloat));
 
@@ -55,17 +59,23 @@ void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& 
   p.weight_scale = static_cast<float>(std::fabs(pr.scale));
   p.positions = pr.positions.data_ptr();
   p.positions_64 = pr.positions.scalar_type() == at::kLong;
-  p.pos_stride_b = pr.positions.stride(0);
-  p.pos_stride_s = pr.positions.stride(1);
+  p.pos_stride_b = positions.stride(0);
+  p.pos_stride_s = positions.stride(1);
   p.k_scale = k_scale ? k_scale->data_ptr<float>() : nullptr;
-  p.k_scale_stride_b = k_scale ? k_scale->stride(0) : 0;
-  p.k_scale_stride_s = k_scale ? k_scale->stride(1) : 0;
+  p.k_scale_stride_b = k_scale && !pr.varlen ? k_scale->stride(0) : 0;
+  p.k_scale_stride_s = k_scale ? k_scale->stride(-1) : 0;
   p.sign = pr.scale > 0 ? 1.f : (pr.scale < 0 ? -1.f : 0.f);
   p.scores = workspace.data_ptr<float>();
   p.row_stride = plan.row_stride;
   p.out = out.data_ptr<int32_t>();
-  p.seq_q = static_cast<int>(seq_q);
-  p.seq_c = static_cast<int>(seq_c);
+  if (pr.varlen) {
+    p.cu_seqlens_q = pr.cu_seqlens_q->data_ptr<int>();
+    p.cu_seqlens_k = pr.cu_seqlens_k->data_ptr<int>();
+    p.total_q = static_cast<int>(pr.q.size(0));
+    p.total_c = static_cast<int>(pr.k.size(0));
+  }
+  p.seq_q = static_cast<int>(pr.varlen ? pr.max_seqlen_q : q.size(1));
+  p.seq_c = static_cast<int>(pr.varlen ? pr.max_seqlen_k : k.size(1));
   p.heads = static_cast<int>(heads);
   p.topk = static_cast<int>(pr.topk);
   p.compress_ratio = static_cast<int>(std::min<int64_t>(pr.compress_ratio, 1 << 30));
@@ -82,6 +92,8 @@ void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& 
   const int device = pr.q.get_device();
   if (pr.q.scalar_type() == at::kBFloat16) {
     launch_chunks<__nv_bfloat16>(p, plan, tq, tk, device, stream);
+  } else if (pr.q.scalar_type() == at::kFloat8_e4m3fn) {
+    launch_chunks<__nv_fp8_e4m3>(p, plan, tq, tk, device, stream);
   } else {
     launch_chunks<__half>(p, plan, tq, tk, device, stream);
   }

@@ -14,25 +14,32 @@ namespace dsv4 {
 constexpr int kIndexerMaxTopk = 2048;       // the top-k CTA's list (topk.cuh)
 constexpr int kIndexerKeyCapacity = 32768;  // keys a top-k CTA stages: 128 KB
 
+// Tensors are seen as (Bv, Sv, ...) views: dense calls have Bv = B sequences of Sv = Sq queries
+// and Sc rows; varlen calls one view (Bv = 1) of T queries and total_c rows, in which sequence b
+// starts at cu_seqlens_q[b] and cu_seqlens_k[b].
 struct IndexerParams {
-  const float* weights;       // (B, Sq, H) fp32, contiguous
+  const float* weights;       // (B, Sq, H) or (T, H) fp32, contiguous
   float weight_scale;         // |scale|, folded into the weights as they are loaded
-  const void* positions;      // (B, Sq) int32 / int64
+  const void* positions;      // (B, Sq) or (T,) int32 / int64
   bool positions_64;
   int64_t pos_stride_b, pos_stride_s;  // elements
-  const float* k_scale;       // (B, Sc) fp32 row scales, or nullptr (all 1)
+  const float* k_scale;       // (B, Sc) or (total_c,) fp32 row scales, or nullptr (all 1)
   int64_t k_scale_stride_b, k_scale_stride_s;
   float sign;                 // the scale's sign: ReLU(scale x) = |scale| ReLU(sign x)
   float* scores;              // the chunk's workspace
   int64_t row_stride;         // floats per workspace row: Sc rounded up to a key tile
-  int32_t* out;               // (B, Sq, topk) int32 contiguous
-  int seq_q, seq_c, heads, topk, compress_ratio;
+  int32_t* out;               // (B, Sq, topk) or (T, topk) int32 contiguous
+  const int* cu_seqlens_q;    // varlen: (B + 1,) int32, trusted (reads clamped into the
+  const int* cu_seqlens_k;    // tensors); nullptr for dense calls
+  int total_q, total_c;       // varlen: T and total_c
+  int seq_q, seq_c;           // dense: Sq and Sc; varlen: the longest sequences (max_seqlen_*)
+  int heads, topk, compress_ratio;
   int head_levels;            // log2(heads / 8): the head sum's tree depth per query
   int queries_per_block;      // two warpgroups of 256 / heads queries each
   int blocks_per_seq, total_blocks, num_chunks, chunk_blocks;
   int chunk;                  // this launch's chunk
   int tiles_per_split;        // key tiles (64 rows) per score CTA
-  int smem_keys;              // keys the top-k CTA stages in shared memory
+  int smem_keys;              // keys a top-k CTA stages in shared memory
 };
 
 }  // namespace dsv4

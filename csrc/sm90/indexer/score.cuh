@@ -13,6 +13,7 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -25,9 +26,14 @@
 
 namespace dsv4 {
 
+// Element: bf16 or fp16 (exact mode), or float8_e4m3 (serving mode). A row of 128 dims is two
+// 128-byte swizzle atoms of 16-bit elements, or one of FP8; either way a wgmma k-step reads 32
+// bytes (k16 or k32), so the descriptors step alike.
+template <typename Element>
 struct IndexerScoreTraits {
-  static constexpr int kHeadDim = 128;  // two 64-element atoms of the 128-byte swizzle
-  static constexpr int kAtoms = 2;
+  static constexpr int kHeadDim = 128;
+  static constexpr int kAtomElems = 128 / static_cast<int>(sizeof(Element));
+  static constexpr int kAtoms = kHeadDim / kAtomElems;
   static constexpr int kColumns = 256;  // a consumer's (query, head) columns
   static constexpr int kTileRows = 64;  // key rows per tile: wgmma's M
   static constexpr int kStages = 4;
@@ -56,12 +62,12 @@ struct IndexerTiles {
 
 // Producer: both consumers' queries (a q row per (query, head): q viewed as (B, Sq H, 1, D)),
 // then the key tiles through the ring.
-__device__ __forceinline__ void indexer_produce(IndexerScoreTraits::SharedStorage& s,
-                                                const CUtensorMap* tmap_q,
-                                                const CUtensorMap* tmap_k,
-                                                const IndexerParams& p, const IndexerBlock& blk,
-                                                IndexerTiles tiles) {
-  using T = IndexerScoreTraits;
+template <typename Element>
+__device__ __forceinline__ void indexer_produce(
+    typename IndexerScoreTraits<Element>::SharedStorage& s, const CUtensorMap* tmap_q,
+    const CUtensorMap* tmap_k, const IndexerParams& p, const IndexerBlock& blk,
+    IndexerTiles tiles) {
+  using T = IndexerScoreTraits<Element>;
   ptx::tma_prefetch_descriptor(tmap_q);
   ptx::tma_prefetch_descriptor(tmap_k);
   const uint32_t q_full = ptx::smem_addr(&s.q_full);
@@ -71,8 +77,8 @@ __device__ __forceinline__ void indexer_produce(IndexerScoreTraits::SharedStorag
   for (int c = 0; c < T::kConsumers; ++c) {
 #pragma unroll
     for (int a = 0; a < T::kAtoms; ++a) {
-      ptx::tma_load_4d(ptx::smem_addr(&s.q[c][a][0][0]), tmap_q, q_full, a * 64,
-                       (blk.first_query + c * queries) * p.heads, 0, blk.batch);
+      ptx::tma_load_4d(ptx::smem_addr(&s.q[c][a][0][0]), tmap_q, q_full, a * T::kAtomElems,
+                       (blk.q0 + blk.first_query + c * queries) * p.heads, 0, blk.batch);
     }
   }
   for (int i = 0, t = tiles.first; t < tiles.last; ++i, ++t) {
@@ -82,8 +88,8 @@ __device__ __forceinline__ void indexer_produce(IndexerScoreTraits::SharedStorag
     ptx::mbarrier_arrive_expect_tx(full, T::kTileBytes);
 #pragma unroll
     for (int a = 0; a < T::kAtoms; ++a) {
-      ptx::tma_load_4d(ptx::smem_addr(&s.k[stage][a][0][0]), tmap_k, full, a * 64,
-                       t * T::kTileRows, 0, blk.batch);
+      ptx::tma_load_4d(ptx::smem_addr(&s.k[stage][a][0][0]), tmap_k, full, a * T::kAtomElems,
+                       blk.k0 + t * T::kTileRows, 0, blk.batch);
     }
   }
 }
@@ -117,22 +123,30 @@ __device__ __forceinline__ void indexer_quad_reduce(float (&v)[kQ], int quad) {
   }
 }
 
+// A key row's factor f = sign(scale) k_scale (0 past the sequence's rows), so that
+// ReLU(scale k_scale x) = |scale| ReLU(f x); loaded while the tile's product runs.
+__device__ __forceinline__ float indexer_row_factor(const IndexerParams& p, const float* k_scale,
+                                                   int seq_c, int row) {
+  if (k_scale == nullptr) return p.sign;
+  return row < seq_c ? p.sign * k_scale[row * p.k_scale_stride_s] : 0.f;
+}
+
 // A consumer's epilogue for one tile: ReLU, the weights and the head sum of its kQ = 256 / H
 // queries, and the scores of its two key rows per query stored to the workspace.
 //   acc[4j + {0,1}]: key row r, columns 8j + 2(lane % 4) + {0,1}; acc[4j + {2,3}]: row r + 8.
 //   Column n is query n / H, head n % H: query i owns j in [i H / 8, (i + 1) H / 8).
+//   f0, f1: rows r and r + 8's factors (indexer_row_factor).
 template <int kQ>
 __device__ __forceinline__ void indexer_tile_scores(float (&acc)[128], const float* weights,
-                                                    const IndexerParams& p, const float* k_scale,
+                                                    const IndexerParams& p, float f0, float f1,
                                                     float* ws, int row0) {
   constexpr int kJ = 32 / kQ;  // j values per query
   const int quad = threadIdx.x % 4;
-  if (k_scale != nullptr || p.sign != 1.f) {  // ReLU(scale s_k x) = |scale| ReLU(sign s_k x)
-    float f0 = p.sign, f1 = p.sign;
-    if (k_scale != nullptr) {
-      f0 *= row0 < p.seq_c ? k_scale[row0 * p.k_scale_stride_s] : 0.f;
-      f1 *= row0 + 8 < p.seq_c ? k_scale[(row0 + 8) * p.k_scale_stride_s] : 0.f;
-    }
+  // Where every lane's factors are >= 0, ReLU(f x) = f ReLU(x): f then scales the row's sums,
+  // kQ multiplies instead of 128 (the FP8 mode always has row scales).
+  float post0 = f0, post1 = f1;
+  if (!__all_sync(0xffffffffu, f0 >= 0.f && f1 >= 0.f)) {
+    post0 = post1 = 1.f;
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       acc[4 * j] *= f0;
@@ -154,6 +168,8 @@ __device__ __forceinline__ void indexer_tile_scores(float (&acc)[128], const flo
       s1[i] = fmaf(fmaxf(acc[4 * j + 2], 0.f), w.x, s1[i]);
       s1[i] = fmaf(fmaxf(acc[4 * j + 3], 0.f), w.y, s1[i]);
     }
+    s0[i] *= post0;
+    s1[i] *= post1;
   }
   indexer_quad_reduce<kQ>(s0, quad);
   indexer_quad_reduce<kQ>(s1, quad);
@@ -175,22 +191,23 @@ __device__ __forceinline__ void indexer_tile_scores(float (&acc)[128], const flo
 // tile: wait for the keys and its turn, issue S = K Q^T (64 x 256, over the 128 dims), pass
 // the turn, release the keys once read, and store the scores.
 template <typename Element, int kQ>
-__device__ __forceinline__ void indexer_consume(IndexerScoreTraits::SharedStorage& s,
-                                                const IndexerParams& p, const IndexerBlock& blk,
-                                                IndexerTiles tiles, int wg) {
-  using T = IndexerScoreTraits;
+__device__ __forceinline__ void indexer_consume(
+    typename IndexerScoreTraits<Element>::SharedStorage& s, const IndexerParams& p,
+    const IndexerBlock& blk, IndexerTiles tiles, int wg) {
+  using T = IndexerScoreTraits<Element>;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int query0 = blk.first_query + wg * kQ;
   for (int c = tid; c < T::kColumns; c += 128) {
     const int q = query0 + c / p.heads;
     s.weights[wg][c] =
-        q < p.seq_q ? p.weight_scale * p.weights[(static_cast<int64_t>(blk.batch) * p.seq_q + q) *
-                                                      p.heads + c % p.heads]
-                    : 0.f;
+        q < blk.seq_q ? p.weight_scale * p.weights[(blk.token0 + q) * p.heads + c % p.heads]
+                      : 0.f;
   }
   ptx::named_barrier_sync(T::kWeightsBarrier + wg, 128);
   const float* k_scale =
-      p.k_scale == nullptr ? nullptr : p.k_scale + blk.batch * p.k_scale_stride_b;
+      p.k_scale == nullptr
+          ? nullptr
+          : p.k_scale + blk.batch * p.k_scale_stride_b + blk.k0 * p.k_scale_stride_s;
   float* ws = p.scores +
               static_cast<int64_t>(blockIdx.y * p.queries_per_block + wg * kQ) * p.row_stride;
   const uint32_t q_base = ptx::smem_addr(&s.q[wg][0][0][0]);
@@ -208,7 +225,7 @@ __device__ __forceinline__ void indexer_consume(IndexerScoreTraits::SharedStorag
 #pragma unroll
     for (int a = 0; a < T::kAtoms; ++a) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
+      for (int kk = 0; kk < 4; ++kk) {  // 32 bytes per k-step
         const uint64_t da =
             ptx::smem_desc_sw128(k_base + a * T::kTileRows * 128 + kk * 32, 0, 1024);
         const uint64_t db =
@@ -218,12 +235,14 @@ __device__ __forceinline__ void indexer_consume(IndexerScoreTraits::SharedStorag
     }
     ptx::wgmma_commit();
     ptx::named_barrier_arrive(T::kTurnBarrier + (wg ^ 1), 256);
+    const int row0 = t * T::kTileRows + warp * 16 + lane / 4;
+    const float f0 = indexer_row_factor(p, k_scale, blk.seq_c, row0);
+    const float f1 = indexer_row_factor(p, k_scale, blk.seq_c, row0 + 8);
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int r = 0; r < 128; ++r) ptx::fence_operand(acc[r]);
     if (lane == 0) ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
-    indexer_tile_scores<kQ>(acc, s.weights[wg], p, k_scale, ws,
-                        t * T::kTileRows + warp * 16 + lane / 4);
+    indexer_tile_scores<kQ>(acc, s.weights[wg], p, f0, f1, ws, row0);
   }
   // Consumer 1's last pass of the turn has no issue after it: consume it.
   if (wg == 0) ptx::named_barrier_sync(T::kTurnBarrier, 256);
@@ -232,12 +251,12 @@ __device__ __forceinline__ void indexer_consume(IndexerScoreTraits::SharedStorag
 // Grid (splits, chunk_blocks): CTA (x, y) scores key tiles [x, x + 1) * tiles_per_split of the
 // chunk's block y, or exits at once where no query of the block has closed rows there.
 template <typename Element>
-__global__ void __launch_bounds__(IndexerScoreTraits::kThreads, 1)
+__global__ void __launch_bounds__(IndexerScoreTraits<Element>::kThreads, 1)
     indexer_score_kernel(const __grid_constant__ CUtensorMap tmap_q,
                          const __grid_constant__ CUtensorMap tmap_k, const IndexerParams p) {
-  using T = IndexerScoreTraits;
+  using T = IndexerScoreTraits<Element>;
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<T::SharedStorage*>(
+  auto& s = *reinterpret_cast<typename T::SharedStorage*>(
       smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
   IndexerBlock blk;
   if (!indexer_block(p, blockIdx.y, blk)) return;
@@ -245,9 +264,9 @@ __global__ void __launch_bounds__(IndexerScoreTraits::kThreads, 1)
     int visible = 0;
     for (int i = threadIdx.x; i < p.queries_per_block; i += 32) {
       const int q = blk.first_query + i;
-      if (q < p.seq_q) {
-        visible = max(visible, indexer_visible_rows(indexer_position(p, blk.batch, q),
-                                                    p.compress_ratio, p.seq_c));
+      if (q < blk.seq_q) {
+        visible = max(visible, indexer_visible_rows(indexer_position(p, blk, q),
+                                                    p.compress_ratio, blk.seq_c));
       }
     }
     visible = __reduce_max_sync(0xffffffffu, visible);
@@ -269,7 +288,7 @@ __global__ void __launch_bounds__(IndexerScoreTraits::kThreads, 1)
 
   if (threadIdx.x / 128 == 0) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x == 0) indexer_produce(s, &tmap_q, &tmap_k, p, blk, tiles);
+    if (threadIdx.x == 0) indexer_produce<Element>(s, &tmap_q, &tmap_k, p, blk, tiles);
   } else {
     ptx::setmaxnreg_inc<T::kConsumerRegs>();
     const int wg = threadIdx.x / 128 - 1;

@@ -248,8 +248,8 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
   IndexerBlock blk;
   if (!indexer_block(p, slot / p.queries_per_block, blk)) return;
   const int q = blk.first_query + slot % p.queries_per_block;
-  if (q >= p.seq_q) return;
-  const int n = indexer_visible_rows(indexer_position(p, blk.batch, q), p.compress_ratio, p.seq_c);
+  if (q >= blk.seq_q) return;
+  const int n = indexer_visible_rows(indexer_position(p, blk, q), p.compress_ratio, blk.seq_c);
   const float* scores = p.scores + static_cast<int64_t>(slot) * p.row_stride;
   IndexerKeys keys{nullptr, scores, nullptr};
   const bool select = n > p.topk;
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
   }
   __syncthreads();
   indexer_sort(sh, count);
-  int32_t* out = p.out + (static_cast<int64_t>(blk.batch) * p.seq_q + q) * p.topk;
+  int32_t* out = p.out + (blk.token0 + q) * p.topk;
   for (int i = threadIdx.x; i < p.topk; i += T::kThreads) {
     out[i] = i < count ? static_cast<int32_t>(static_cast<uint32_t>(sh.list[i])) : -1;
   }

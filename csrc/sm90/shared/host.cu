@@ -55,9 +55,13 @@ CUtensorMap make_tensor_map_bshd(const char* op, const at::Tensor& t, const char
     strides[i] = t.size(d) == 1 ? 16 * ((t.size(3) * elem + 15) / 16)
                                 : static_cast<cuuint64_t>(t.stride(d) * elem);
   }
-  cuuint32_t box[4] = {64, box_rows, box_heads, 1};
+  // The box's inner dim is one 128-byte swizzle atom: 64 16-bit or 128 FP8 elements.
+  TORCH_CHECK(elem == 1 || elem == 2, op, ": ", name, " must have 1- or 2-byte elements for its "
+              "tensor map (got ", t.scalar_type(), ")");
+  cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / elem), box_rows, box_heads, 1};
   cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType dtype = t.scalar_type() == at::kBFloat16
+  const CUtensorMapDataType dtype = elem == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                    : t.scalar_type() == at::kBFloat16
                                         ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                         : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap map;

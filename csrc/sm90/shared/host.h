@@ -64,8 +64,9 @@ inline at::Tensor split_kv_workspace(int64_t splits, int64_t rows, int64_t head_
 }
 
 // Tensor map over a 4-D (B, S, H, D) tensor with its real strides, coordinates (d, s, h, b)
-// innermost first; box (64, box_rows, box_heads, 1) written with the 128-byte swizzle that
-// wgmma reads, as box_heads x box_rows rows of 64 elements (rows innermost). `op` and `name`
+// innermost first; box (one 128-byte atom: 64 16-bit or 128 FP8 elements, box_rows, box_heads,
+// 1) written with the 128-byte swizzle that wgmma reads, as box_heads x box_rows rows of 128
+// bytes (rows innermost). `op` and `name`
 // go into the error message if the driver refuses the encoding.
 CUtensorMap make_tensor_map_bshd(const char* op, const at::Tensor& t, const char* name,
                                  uint32_t box_rows, uint32_t box_heads = 1);
