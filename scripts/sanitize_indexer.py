@@ -1,7 +1,8 @@
 """Small calls of the lightning indexer's kernels for compute-sanitizer (scripts/gpu_check.sh):
 64 heads over two key splits with a full radix select, 8 heads (64 queries per block, a
 partial last block), 256 heads (one query per consumer), row scales and a negative scale,
-float8_e4m3 q and k with row scales (the serving mode), int32 positions in any order. (The chunked calls are too large for racecheck; tests cover them.)"""
+float8_e4m3 q and k with row scales (the serving mode), int32 positions in any order. (The
+chunked calls are too large for racecheck; tests cover them.)"""
 import torch
 
 import dsv4_attn

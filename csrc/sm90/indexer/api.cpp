@@ -13,7 +13,6 @@
 namespace dsv4 {
 namespace {
 constexpr int64_t kWorkspaceBudget = int64_t(48) << 20;  // scores of one chunk
-constexpr int kTilesPerSplit = 32;                        // 2048 key rows per score CTA
 }  // namespace
 
 Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& device) {
@@ -58,8 +57,8 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
       std::max<int64_t>(1, std::min<int64_t>(kWorkspaceBudget / block_bytes, 65535));
   plan.num_chunks = static_cast<int>((total_blocks + fit - 1) / fit);
   plan.chunk_blocks = static_cast<int>((total_blocks + plan.num_chunks - 1) / plan.num_chunks);
-  plan.tiles_per_split = kTilesPerSplit;
-  plan.splits = static_cast<int>((plan.row_stride / 64 + kTilesPerSplit - 1) / kTilesPerSplit);
+  plan.splits = static_cast<int>((plan.row_stride / 64 + kIndexerTilesPerSplit - 1) /
+                                 kIndexerTilesPerSplit);
   plan.smem_keys = static_cast<int>(std::min<int64_t>(seq_c, kIndexerKeyCapacity));
   return R::kernel(plan);
 }

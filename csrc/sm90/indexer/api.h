@@ -27,7 +27,7 @@ struct IndexerPlan {
   int queries_per_block = 0;  // per score CTA: two consumers of 256 / H queries
   int blocks_per_seq = 0, total_blocks = 0;
   int chunk_blocks = 0, num_chunks = 0;  // the chunks share one workspace
-  int splits = 0, tiles_per_split = 0;   // key splits per block in the score grid
+  int splits = 0;                        // key splits of a block in the score grid
   int64_t row_stride = 0;                // floats per workspace row
   int smem_keys = 0;                     // keys a top-k CTA stages in shared memory
   int64_t workspace_bytes() const {

@@ -86,7 +86,6 @@ void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& 
   p.total_blocks = plan.total_blocks;
   p.num_chunks = plan.num_chunks;
   p.chunk_blocks = plan.chunk_blocks;
-  p.tiles_per_split = plan.tiles_per_split;
   p.smem_keys = plan.smem_keys;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int device = pr.q.get_device();

@@ -13,6 +13,7 @@ namespace dsv4 {
 
 constexpr int kIndexerMaxTopk = 2048;       // the top-k CTA's list (topk.cuh)
 constexpr int kIndexerKeyCapacity = 32768;  // keys a top-k CTA stages: 128 KB
+constexpr int kIndexerTilesPerSplit = 32;   // 64-row key tiles per score CTA: 2048 rows
 
 // Tensors are seen as (Bv, Sv, ...) views: dense calls have Bv = B sequences of Sv = Sq queries
 // and Sc rows; varlen calls one view (Bv = 1) of T queries and total_c rows, in which sequence b
@@ -38,7 +39,6 @@ struct IndexerParams {
   int queries_per_block;      // two warpgroups of 256 / heads queries each
   int blocks_per_seq, total_blocks, num_chunks, chunk_blocks;
   int chunk;                  // this launch's chunk
-  int tiles_per_split;        // key tiles (64 rows) per score CTA
   int smem_keys;              // keys a top-k CTA stages in shared memory
 };
 

@@ -36,19 +36,22 @@ struct IndexerScoreTraits {
   static constexpr int kAtoms = kHeadDim / kAtomElems;
   static constexpr int kColumns = 256;  // a consumer's (query, head) columns
   static constexpr int kTileRows = 64;  // key rows per tile: wgmma's M
+  static constexpr int kSplitRows = kIndexerTilesPerSplit * kTileRows;
   static constexpr int kStages = 4;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr uint32_t kTileBytes = kAtoms * kTileRows * 128;
   static constexpr uint32_t kQueryBytes = kConsumers * kAtoms * kColumns * 128;
-  // Named barriers (0 is __syncthreads): a consumer's turn to issue, and its weights stored.
-  static constexpr uint32_t kTurnBarrier = 1, kWeightsBarrier = 3;
+  // Named barriers (0 is __syncthreads): a consumer's turn to issue, and the weights and row
+  // factors stored (both consumers).
+  static constexpr uint32_t kTurnBarrier = 1, kStagedBarrier = 3;
 
   struct SharedStorage {
     alignas(1024) uint8_t q[kConsumers][kAtoms][kColumns][128];
     alignas(1024) uint8_t k[kStages][kAtoms][kTileRows][128];
     float weights[kConsumers][kColumns];
+    float row_factor[kSplitRows];  // the split's indexer_row_factor, loaded once
     uint64_t q_full, k_full[kStages], k_empty[kStages];
     int visible;  // the most closed rows of any query of the block
   };
@@ -124,7 +127,8 @@ __device__ __forceinline__ void indexer_quad_reduce(float (&v)[kQ], int quad) {
 }
 
 // A key row's factor f = sign(scale) k_scale (0 past the sequence's rows), so that
-// ReLU(scale k_scale x) = |scale| ReLU(f x); loaded while the tile's product runs.
+// ReLU(scale k_scale x) = |scale| ReLU(f x). A CTA stages its split's factors in shared memory
+// once: read from global memory per tile, their latency outlasted the FP8 product.
 __device__ __forceinline__ float indexer_row_factor(const IndexerParams& p, const float* k_scale,
                                                    int seq_c, int row) {
   if (k_scale == nullptr) return p.sign;
@@ -203,11 +207,25 @@ __device__ __forceinline__ void indexer_consume(
         q < blk.seq_q ? p.weight_scale * p.weights[(blk.token0 + q) * p.heads + c % p.heads]
                       : 0.f;
   }
-  ptx::named_barrier_sync(T::kWeightsBarrier + wg, 128);
   const float* k_scale =
       p.k_scale == nullptr
           ? nullptr
           : p.k_scale + blk.batch * p.k_scale_stride_b + blk.k0 * p.k_scale_stride_s;
+  const int split_row0 = tiles.first * T::kTileRows;
+  const int split_rows = (tiles.last - tiles.first) * T::kTileRows;
+  constexpr int kFactorsPerThread = T::kSplitRows / 256;  // loads in flight together
+  float factor[kFactorsPerThread];
+#pragma unroll
+  for (int j = 0; j < kFactorsPerThread; ++j) {
+    const int r = wg * 128 + tid + j * 256;
+    factor[j] = r < split_rows ? indexer_row_factor(p, k_scale, blk.seq_c, split_row0 + r) : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < kFactorsPerThread; ++j) {
+    const int r = wg * 128 + tid + j * 256;
+    if (r < split_rows) s.row_factor[r] = factor[j];
+  }
+  ptx::named_barrier_sync(T::kStagedBarrier, 256);
   float* ws = p.scores +
               static_cast<int64_t>(blockIdx.y * p.queries_per_block + wg * kQ) * p.row_stride;
   const uint32_t q_base = ptx::smem_addr(&s.q[wg][0][0][0]);
@@ -236,8 +254,8 @@ __device__ __forceinline__ void indexer_consume(
     ptx::wgmma_commit();
     ptx::named_barrier_arrive(T::kTurnBarrier + (wg ^ 1), 256);
     const int row0 = t * T::kTileRows + warp * 16 + lane / 4;
-    const float f0 = indexer_row_factor(p, k_scale, blk.seq_c, row0);
-    const float f1 = indexer_row_factor(p, k_scale, blk.seq_c, row0 + 8);
+    const float f0 = s.row_factor[row0 - split_row0];
+    const float f1 = s.row_factor[row0 + 8 - split_row0];
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int r = 0; r < 128; ++r) ptx::fence_operand(acc[r]);
@@ -248,8 +266,8 @@ __device__ __forceinline__ void indexer_consume(
   if (wg == 0) ptx::named_barrier_sync(T::kTurnBarrier, 256);
 }
 
-// Grid (splits, chunk_blocks): CTA (x, y) scores key tiles [x, x + 1) * tiles_per_split of the
-// chunk's block y, or exits at once where no query of the block has closed rows there.
+// Grid (splits, chunk_blocks): CTA (x, y) scores key tiles [x, x + 1) * kIndexerTilesPerSplit of
+// the chunk's block y, or exits at once where no query of the block has closed rows there.
 template <typename Element>
 __global__ void __launch_bounds__(IndexerScoreTraits<Element>::kThreads, 1)
     indexer_score_kernel(const __grid_constant__ CUtensorMap tmap_q,
@@ -282,8 +300,9 @@ __global__ void __launch_bounds__(IndexerScoreTraits<Element>::kThreads, 1)
   }
   __syncthreads();
   IndexerTiles tiles;
-  tiles.first = blockIdx.x * p.tiles_per_split;
-  tiles.last = min(tiles.first + p.tiles_per_split, (s.visible + T::kTileRows - 1) / T::kTileRows);
+  tiles.first = blockIdx.x * kIndexerTilesPerSplit;
+  tiles.last =
+      min(tiles.first + kIndexerTilesPerSplit, (s.visible + T::kTileRows - 1) / T::kTileRows);
   if (tiles.first >= tiles.last) return;  // causally dead: nothing closed in this split
 
   if (threadIdx.x / 128 == 0) {
