@@ -92,6 +92,9 @@ constexpr const char* kIndexerArgs =
     "(Tensor q, Tensor k, Tensor weights, Tensor positions, *, int topk, int compress_ratio, "
     "float? scale=None, Tensor? k_scale=None, Tensor? cu_seqlens_q=None, "
     "Tensor? cu_seqlens_k=None, int max_seqlen_q=-1, int max_seqlen_k=-1)";
+constexpr const char* kIndexerPagedArgs =
+    "(Tensor q, Tensor k_cache, Tensor weights, Tensor positions, Tensor block_table, "
+    "Tensor context_lens, *, int topk, int compress_ratio, float? scale=None)";
 constexpr const char* kSimpleGlaArgs =
     "(Tensor q, Tensor k, Tensor v, Tensor g, *, float? scale=None, "
     "Tensor? initial_state=None, bool output_final_state=False, Tensor? cu_seqlens=None)";
@@ -117,6 +120,8 @@ constexpr OpSchema kOps[] = {
     {"chunk_simple_gla", kSimpleGlaArgs, "(Tensor o, Tensor? final_state)"},
     // DeepSeek-V4's lightning indexer: each query's top-k closed compressed rows, int32.
     {"dsv4_indexer_topk", kIndexerArgs, "Tensor"},
+    // The same over the paged FP8 indexer cache, a few query tokens per request, int32.
+    {"dsv4_indexer_topk_paged", kIndexerPagedArgs, "Tensor"},
 };
 
 // The paged FP8 KV cache ops (README: "The paged FP8 KV cache"): insert writes into `cache` in
@@ -160,6 +165,8 @@ void implement_all(torch::Library& m) {
   implement<&check_simple_gla_inputs, &chunk_op, &chunk_path, &chunk_plan>(m, "chunk_simple_gla");
   implement<&check_indexer_inputs, &dsv4_indexer_topk, &dsv4_indexer_topk_path,
             &dsv4_indexer_topk_plan>(m, "dsv4_indexer_topk");
+  implement<&check_indexer_paged_inputs, &dsv4_indexer_topk_paged, &dsv4_indexer_topk_paged_path,
+            &dsv4_indexer_topk_paged_plan>(m, "dsv4_indexer_topk_paged");
   implement<&check_kv_cache_insert_inputs, &kv_cache_insert_fp8, &kv_cache_insert_fp8_path,
             &kv_cache_insert_fp8_plan>(m, "kv_cache_insert_fp8");
   implement<&check_kv_cache_gather_inputs, &kv_cache_gather_fp8, &kv_cache_gather_fp8_path,
@@ -213,6 +220,7 @@ TORCH_LIBRARY_IMPL(dsv4, Meta, m) {
   implement_check<&check_gated_delta_rule_inputs>(m, "chunk_gated_delta_rule");
   implement_check<&check_simple_gla_inputs>(m, "chunk_simple_gla");
   implement_check<&check_indexer_inputs>(m, "dsv4_indexer_topk");
+  implement_check<&check_indexer_paged_inputs>(m, "dsv4_indexer_topk_paged");
   implement_check<&check_kv_cache_insert_inputs>(m, "kv_cache_insert_fp8");
   implement_check<&check_kv_cache_gather_inputs>(m, "kv_cache_gather_fp8");
   implement_check<&check_gated_delta_decode_inputs>(m, "gated_delta_rule_decode");

@@ -92,6 +92,13 @@ def cases():
         {"topk": 512, "compress_ratio": 4, "k_scale": torch.ones(2048),
          "cu_seqlens_q": cu(2048, 2048, 2048, 2048), "cu_seqlens_k": cu(512, 512, 512, 512),
          "max_seqlen_q": 2048, "max_seqlen_k": 512})
+    indexer_cache = torch.empty(1024 * 64 * 132, dtype=torch.uint8).view(1024, 64, 1, 132)
+    yield "indexer: paged FP8 decode, B = 64, 64k context (256 blocks of 64 rows each)", (
+        "dsv4_indexer_topk_paged", (t(64, 1, 64, 128, dtype=fp8), indexer_cache,
+                                    torch.empty(64, 1, 64), torch.empty(64, 1, dtype=torch.long),
+                                    torch.zeros(64, 256, dtype=torch.int32),
+                                    torch.zeros(64, dtype=torch.int32)),
+        {"topk": 512, "compress_ratio": 4})
     pool = torch.empty(1024, 32, 128, 128)
     yield "decode: B = 64, T = 1, (H, HV) = (16, 32), fp32 pool of 1024", (
         "gated_delta_rule_decode", (t(64, 1, 16, 128), t(64, 1, 16, 128), t(64, 1, 32, 128),

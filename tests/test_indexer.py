@@ -1,10 +1,14 @@
 """dsv4_indexer_topk (DeepSeek-V4's lightning indexer) against the float64 oracle
 (reference.indexer_topk): dense and varlen, lists shorter than topk, queries that see nothing,
 ties (small-integer inputs make scores exact in fp32 and float64, so the tie rule is checked
-exactly), fp8 q and k with row scales, the output feeding dsv4_attention, and bad inputs.
+exactly), fp8 q and k with row scales, the output feeding dsv4_attention, and bad inputs; then
+dsv4_indexer_topk_paged over a paged FP8 indexer cache written here (reference.indexer_topk_paged,
+and the dense op on the same rows).
 These shapes (head dims under 128) take the reference path on every device; the sm90 kernels
 are tested in test_indexer_sm90.py.
 """
+import math
+
 import pytest
 import torch
 
@@ -149,3 +153,119 @@ def test_indexer_fake_kernel_and_compile():
                                                         compress_ratio=4)
     assert torch.equal(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, w, pos),
                        f(q, k, w, pos))
+
+
+# ----------------------------------------------------------------------------- the paged form
+
+
+def _paged_cache(gen, keys, lens, rows_per_block, device, block_pad=0):
+    """vLLM's paged FP8 indexer cache for requests whose rows are keys[b, :lens[b]] (float,
+    (B, S, 128)), written here independently of the op: each row quantized with a power-of-two
+    scale (so the dequantized rows are exact), the blocks of all requests shuffled over the
+    cache, and each table padded with junk entries past its rows (never read). Returns the
+    (num_blocks, P, 1, 132) uint8 view (block_pad extra bytes per block) and the block table."""
+    p = rows_per_block
+    need = [(n + p - 1) // p for n in lens]
+    width = max(need) + 1
+    num_blocks = sum(need) + 2  # two blocks no request uses
+    physical = torch.randperm(num_blocks, generator=gen).tolist()
+    table = torch.full((len(lens), width), 10 ** 6, dtype=torch.int32)  # junk past the rows
+    stride = p * 132 + block_pad
+    raw = torch.zeros(num_blocks, stride, dtype=torch.uint8)
+    for b, n in enumerate(lens):
+        for j in range(need[b]):
+            table[b, j] = physical.pop()
+        for s in range(n):
+            row = keys[b, s].double()
+            amax = max(float(row.abs().max()), 1e-4)
+            scale = 2.0 ** math.ceil(math.log2(amax / 448))
+            values = (row / scale).to(torch.float8_e4m3fn).view(torch.uint8)
+            block, r = raw[int(table[b, s // p])], s % p
+            block[128 * r:128 * (r + 1)] = values
+            block[128 * p + 4 * r:128 * p + 4 * (r + 1)] = torch.tensor(
+                [scale], dtype=torch.float32).view(torch.uint8)
+    cache = raw.to(device).as_strided((num_blocks, p, 1, 132), (stride, 132, 132, 1))
+    return cache, table.to(device)
+
+
+def _paged_case(gen, device, lens, tokens, heads, rows_per_block, q_dtype=torch.float32,
+                block_pad=0):
+    b = len(lens)
+    keys = torch.randint(-8, 9, (b, max(lens) + 1, 128), generator=gen).float()
+    cache, table = _paged_cache(gen, keys, lens, rows_per_block, device, block_pad)
+    q = _ints(gen, b, tokens, heads, 128, device=device).to(q_dtype)
+    w = _ints(gen, b, tokens, heads, device=device)
+    # Each request's last `tokens` positions, so that its last query sees every row (ratio 4).
+    pos = torch.stack([torch.arange(tokens) + 4 * n - tokens for n in lens]).to(device)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    return q, cache, w, pos, table, lens_t
+
+
+@pytest.mark.parametrize("lens,tokens,heads,rows_per_block,topk", [
+    ([37, 0, 200], 1, 8, 64, 16),      # decode: an empty request, one within a block
+    ([130, 64, 5], 2, 64, 16, 64),     # two tokens per request (MTP), lists shorter than topk
+    ([300], 4, 1, 2, 300),             # pages of 2 rows, topk = every row
+])
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.float8_e4m3fn], ids=["fp32", "fp8"])
+def test_indexer_paged_matches_oracle_exactly(gen, device, lens, tokens, heads, rows_per_block,
+                                              topk, q_dtype):
+    q, cache, w, pos, table, lens_t = _paged_case(gen, device, lens, tokens, heads,
+                                                  rows_per_block, q_dtype)
+    kw = dict(topk=topk, compress_ratio=4, scale=0.5)
+    got = dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens_t, **kw)
+    want = ref.indexer_topk_paged(q, cache, w, pos, table, lens_t, **kw)
+    assert got.dtype == torch.int32 and got.shape == (len(lens), tokens, topk)
+    assert torch.equal(got.cpu(), want)
+    assert dsv4_attn.dsv4_indexer_topk_paged_path(q, cache, w, pos, table, lens_t,
+                                                  **kw) == "reference"
+
+
+def test_indexer_paged_equals_the_dense_op_on_the_same_rows(gen, device):
+    """Each request against dsv4_indexer_topk over its dequantized rows, Gaussian queries and
+    weights, a padded block stride and the default scale."""
+    lens, tokens, heads = [90, 17], 3, 16
+    q, cache, _, pos, table, lens_t = _paged_case(gen, device, lens, tokens, heads, 64,
+                                                  block_pad=48)
+    q = randn(gen, *q.shape, dtype=torch.float32, device=device)
+    w = randn(gen, len(lens), tokens, heads, dtype=torch.float32, device=device)
+    pos = pos - 2  # the last queries see all but the last rows
+    got = dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens_t, topk=32,
+                                            compress_ratio=4)
+    for b, n in enumerate(lens):
+        keys = ref.indexer_cache_rows(cache, table[b], n).float().to(device)
+        dense = dsv4_attn.dsv4_indexer_topk(q[b:b + 1], keys[None], w[b:b + 1], pos[b:b + 1],
+                                            topk=32, compress_ratio=4)
+        assert torch.equal(got[b], dense[0])
+
+
+def test_indexer_paged_bad_inputs_name_the_argument():
+    gen = torch.Generator().manual_seed(4)
+    q, cache, w, pos, table, lens = _paged_case(gen, "cpu", [20, 3], 1, 2, 16)
+    f = lambda **kw: dsv4_attn.dsv4_indexer_topk_paged(  # noqa: E731
+        **{**dict(q=q, k_cache=cache, weights=w, positions=pos, block_table=table,
+                  context_lens=lens, topk=4, compress_ratio=4), **kw})
+    bad = [
+        (dict(q=q[..., :64]), r"q.size\(3\) \(the indexer cache's head dim\) must be 128"),
+        (dict(k_cache=cache.view(torch.int8)), "k_cache must be Byte"),
+        (dict(k_cache=cache[..., :128]), r"k_cache.size\(3\) \(bytes per row.*must be 132"),
+        (dict(k_cache=cache[:, ::2]), "k_cache must be a view of whole blocks"),
+        (dict(weights=w[..., :1]), "weights must have shape"),
+        (dict(positions=pos.float()), "positions must be int32 or int64"),
+        (dict(block_table=table[:1]), r"block_table.size\(0\) \(B, as in q\) must be 2"),
+        (dict(context_lens=lens + 100), r"context_lens must lie in \[0, max_blocks \* P"),
+        (dict(block_table=torch.where(table == table[0, 0], -3, table)),
+         "block_table's blocks within context_lens must lie in"),
+        (dict(topk=0), "topk must be at least 1"),
+    ]
+    for kw, text in bad:
+        with pytest.raises(RuntimeError, match=text):
+            f(**kw)
+
+
+def test_indexer_paged_fake_kernel_and_compile():
+    gen = torch.Generator().manual_seed(5)
+    args = _paged_case(gen, "cpu", [20, 3], 2, 2, 16)
+    torch.library.opcheck(torch.ops.dsv4.dsv4_indexer_topk_paged.default, args,
+                          {"topk": 4, "compress_ratio": 4})
+    f = lambda *a: dsv4_attn.dsv4_indexer_topk_paged(*a, topk=4, compress_ratio=4)  # noqa: E731
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="aot_eager")(*args), f(*args))

@@ -1,7 +1,8 @@
 // dsv4_indexer_topk: the sm90 kernels (csrc/sm90/indexer), and elsewhere the reference path:
 // the scores of a block of queries against all of its sequence's rows, one head at a time (so
 // memory stays at a block x rows fp32 tensor, never Sq x H x Sc), then a stable sort for the
-// top-k (ties to the lower row).
+// top-k (ties to the lower row). dsv4_indexer_topk_paged, its form over the paged FP8 indexer
+// cache, has the reference path only so far.
 #include "ops/indexer.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -190,6 +191,172 @@ std::string dsv4_indexer_topk_path(const IndexerCall& c) {
 std::string dsv4_indexer_topk_plan(const IndexerCall& c) {
   const Route<IndexerPlan> r = route(c, true);
   return r.sm90 ? "sm90 " + describe(r.plan) : "reference: " + r.why_not;
+}
+
+}  // namespace dsv4
+
+// ----------------------------------------------------------------------------- the paged form
+
+namespace dsv4 {
+namespace {
+constexpr const char* kPagedOp = "dsv4_indexer_topk_paged";
+constexpr int64_t kCacheDim = 128;       // float8_e4m3 values per row
+constexpr int64_t kCacheRowBytes = 132;  // per row of a block: 128 values and an fp32 scale
+constexpr int64_t kDequantBudget = int64_t(256) << 20;  // fp32 rows dequantized at once
+
+void check_index_dtype(const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, kPagedOp, ": ", name,
+              " must be int32 or int64 (got ", t.scalar_type(), ")");
+}
+
+// The cache's blocks as rows of bytes: (num_blocks, P * 132), each P * 128 value bytes then
+// P * 4 scale bytes.
+at::Tensor cache_block_bytes(const at::Tensor& cache) {
+  const int64_t blocks = cache.size(0), rows = cache.size(1);
+  const int64_t block_stride = blocks == 1 ? rows * kCacheRowBytes : cache.stride(0);
+  return cache.as_strided({blocks, rows * kCacheRowBytes}, {block_stride, 1},
+                          cache.storage_offset());
+}
+}  // namespace
+
+IndexerPagedCall check_indexer_paged_inputs(const at::Tensor& q, const at::Tensor& k_cache,
+                                            const at::Tensor& weights,
+                                            const at::Tensor& positions,
+                                            const at::Tensor& block_table,
+                                            const at::Tensor& context_lens, int64_t topk,
+                                            int64_t compress_ratio, std::optional<double> scale) {
+  const char* op = kPagedOp;
+  for (const auto& [name, t] : {std::pair{"q", &q}, std::pair{"k_cache", &k_cache},
+                                std::pair{"weights", &weights}, std::pair{"positions", &positions},
+                                std::pair{"block_table", &block_table},
+                                std::pair{"context_lens", &context_lens}}) {
+    check_defined(op, name, *t);
+    if (t != &q) check_same_device(op, name, *t, "q", q);
+  }
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf ||
+                  q.scalar_type() == at::kFloat || is_fp8(q),
+              op, ": q must be bf16, fp16, fp32 or float8_e4m3fn (got ", q.scalar_type(), ")");
+  check_dim(op, "q", q, 4, "(B, N, H, 128): N query tokens per request");
+  check_size(op, "q", q, 3, kCacheDim, "the indexer cache's head dim");
+  TORCH_CHECK(q.size(2) >= 1, op, ": q must have at least one head (got shape ", shape_str(q),
+              ")");
+  // The cache: (num_blocks, P, 1, 132) bytes over whole blocks of P * 132 bytes or more.
+  check_dtype(op, "k_cache", k_cache, at::kByte);
+  check_dim(op, "k_cache", k_cache, 4, "(num_blocks, P, 1, 132)");
+  check_size(op, "k_cache", k_cache, 2, 1, "one head");
+  check_size(op, "k_cache", k_cache, 3, kCacheRowBytes, "bytes per row: 128 values, a scale");
+  TORCH_CHECK(k_cache.size(0) >= 1 && k_cache.size(1) >= 1, op,
+              ": k_cache must hold at least one block of at least one row (got shape ",
+              shape_str(k_cache), ")");
+  TORCH_CHECK(k_cache.stride(3) == 1 &&
+                  (k_cache.size(1) == 1 || k_cache.stride(1) == kCacheRowBytes) &&
+                  (k_cache.size(0) == 1 || k_cache.stride(0) >= k_cache.size(1) * kCacheRowBytes),
+              op, ": k_cache must be a view of whole blocks, strides (block bytes >= P * 132, "
+              "132, any, 1) (got ", k_cache.strides(), ")");
+  const int64_t batch = q.size(0);
+  TORCH_CHECK(weights.scalar_type() == at::kFloat || weights.scalar_type() == at::kBFloat16 ||
+                  weights.scalar_type() == at::kHalf,
+              op, ": weights must be fp32, bf16 or fp16 (got ", weights.scalar_type(), ")");
+  TORCH_CHECK(weights.sizes() == q.sizes().slice(0, 3), op,
+              ": weights must have shape (B, N, H) = ", q.sizes().slice(0, 3), " (got ",
+              shape_str(weights), ")");
+  check_index_dtype("positions", positions);
+  TORCH_CHECK(positions.sizes() == q.sizes().slice(0, 2), op,
+              ": positions must have shape (B, N) = ", q.sizes().slice(0, 2), " (got ",
+              shape_str(positions), ")");
+  check_index_dtype("block_table", block_table);
+  check_dim(op, "block_table", block_table, 2, "(B, max_blocks)");
+  check_size(op, "block_table", block_table, 0, batch, "B, as in q");
+  check_index_dtype("context_lens", context_lens);
+  check_dim(op, "context_lens", context_lens, 1, "(B,)");
+  check_size(op, "context_lens", context_lens, 0, batch, "B, as in q");
+  TORCH_CHECK(topk >= 1, op, ": topk must be at least 1 (got ", topk, ")");
+  TORCH_CHECK(compress_ratio >= 1, op, ": compress_ratio must be at least 1 (got ",
+              compress_ratio, ")");
+  check_scale(op, scale);
+  // The table's contents: free to check on the CPU; on a GPU they are trusted (clamped into
+  // the cache), as reading them would be a host sync.
+  if (block_table.device().is_cpu() && batch > 0) {
+    const int64_t rows = k_cache.size(1), capacity = block_table.size(1) * rows;
+    const at::Tensor lens = context_lens.to(at::kLong);
+    const int64_t lo = lens.min().item<int64_t>(), hi = lens.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi <= capacity, op, ": context_lens must lie in [0, max_blocks * P = ",
+                capacity, "] (got values from ", lo, " to ", hi, ")");
+    const at::Tensor used = at::arange(block_table.size(1), lens.options()).unsqueeze(0) * rows <
+                            lens.unsqueeze(1);
+    const at::Tensor ids = block_table.to(at::kLong).masked_select(used);
+    if (ids.numel() > 0) {
+      const int64_t id_lo = ids.min().item<int64_t>(), id_hi = ids.max().item<int64_t>();
+      TORCH_CHECK(id_lo >= 0 && id_hi < k_cache.size(0), op,
+                  ": block_table's blocks within context_lens must lie in [0, num_blocks = ",
+                  k_cache.size(0), ") (got values from ", id_lo, " to ", id_hi, ")");
+    }
+  }
+  IndexerPagedCall c;
+  c.q = q;
+  c.k_cache = k_cache;
+  c.weights = weights;
+  c.positions = positions;
+  c.block_table = block_table;
+  c.context_lens = context_lens;
+  c.topk = topk;
+  c.compress_ratio = compress_ratio;
+  c.scale = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(kCacheDim));
+  return c;
+}
+
+// The reference path, on any device and without a host sync: each request's table is read in
+// full (max_blocks * P rows, dequantized in fp32, a few requests at a time), and rows at or past
+// min(context_lens[b], (p + 1) // compress_ratio) score -inf before a stable sort.
+at::Tensor dsv4_indexer_topk_paged(const IndexerPagedCall& c) {
+  c10::DeviceGuard guard(c.q.device());
+  const int64_t batch = c.q.size(0), tokens = c.q.size(1), heads = c.q.size(2);
+  const int64_t num_blocks = c.k_cache.size(0), rows = c.k_cache.size(1);
+  const int64_t max_blocks = c.block_table.size(1), span = max_blocks * rows;
+  const at::TensorOptions int_opts = c.q.options().dtype(at::kInt);
+  at::Tensor out = at::full({batch, tokens, c.topk}, -1, int_opts);
+  if (batch == 0 || tokens == 0 || span == 0) return out;
+  const at::Tensor bytes = cache_block_bytes(c.k_cache);
+  const at::Tensor q = c.q.to(at::kFloat), w = c.weights.to(at::kFloat);
+  const at::Tensor pos = c.positions.to(at::kLong), lens = c.context_lens.to(at::kLong);
+  const at::Tensor table = c.block_table.to(at::kLong).clamp(0, num_blocks - 1);
+  const at::Tensor row_ids = at::arange(span, pos.options());
+  const int64_t keep = std::min(c.topk, span);
+  const int64_t per_chunk = std::max<int64_t>(1, kDequantBudget / (span * kCacheDim * 4));
+  for (int64_t b0 = 0; b0 < batch; b0 += per_chunk) {
+    const int64_t nb = std::min(per_chunk, batch - b0);
+    const at::Tensor blocks = bytes.index_select(0, table.narrow(0, b0, nb).reshape({-1}));
+    const at::Tensor values = blocks.narrow(1, 0, rows * kCacheDim)
+                                  .view(at::kFloat8_e4m3fn)
+                                  .to(at::kFloat)
+                                  .reshape({nb, span, kCacheDim});
+    const at::Tensor scales = blocks.narrow(1, rows * kCacheDim, rows * 4)
+                                  .contiguous()
+                                  .view(at::kFloat)
+                                  .reshape({nb, span, 1});
+    const at::Tensor keys_t = (values * scales).transpose(1, 2);  // (nb, 128, span)
+    const at::Tensor qb = q.narrow(0, b0, nb), wb = w.narrow(0, b0, nb);
+    at::Tensor score = at::zeros({nb, tokens, span}, q.options());
+    for (int64_t h = 0; h < heads; ++h) {
+      score.add_(at::relu(at::bmm(qb.select(2, h), keys_t) * c.scale) *
+                 wb.select(2, h).unsqueeze(2));
+    }
+    const at::Tensor closed = at::clamp(at::div(pos.narrow(0, b0, nb) + 1, c.compress_ratio,
+                                                "floor"), 0);
+    const at::Tensor limit = at::minimum(closed, lens.narrow(0, b0, nb).unsqueeze(1));
+    score.masked_fill_(row_ids.view({1, 1, span}) >= limit.unsqueeze(2),
+                       -std::numeric_limits<float>::infinity());
+    const auto [val, idx] = at::sort(score, /*stable=*/true, /*dim=*/2, /*descending=*/true);
+    const at::Tensor seen = at::isfinite(val.narrow(2, 0, keep));
+    out.narrow(0, b0, nb).narrow(2, 0, keep).copy_(at::where(seen, idx.narrow(2, 0, keep), -1));
+  }
+  return out;
+}
+
+std::string dsv4_indexer_topk_paged_path(const IndexerPagedCall&) { return "reference"; }
+
+std::string dsv4_indexer_topk_paged_plan(const IndexerPagedCall&) {
+  return "reference: the paged form has no sm90 kernel yet";
 }
 
 }  // namespace dsv4

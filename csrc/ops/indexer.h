@@ -28,4 +28,26 @@ at::Tensor dsv4_indexer_topk(const IndexerCall& call);
 std::string dsv4_indexer_topk_path(const IndexerCall& call);
 std::string dsv4_indexer_topk_plan(const IndexerCall& call);
 
+// dsv4_indexer_topk_paged: the same scores and picks for a few queries per request (decode,
+// multi-token prediction) over vLLM's paged FP8 indexer cache (README: "The paged indexer
+// cache"): k_cache (num_blocks, P, 1, 132) uint8, each block P rows of 128 float8_e4m3 values,
+// then P fp32 scales; request b's row s lives in block block_table[b, s / P], row s % P.
+struct IndexerPagedCall {
+  at::Tensor q, k_cache, weights, positions, block_table, context_lens;
+  int64_t topk = 0, compress_ratio = 1;
+  double scale = 0.0;
+};
+
+// The op's arguments, in schema order (torch_bindings.cpp's kIndexerPagedArgs).
+IndexerPagedCall check_indexer_paged_inputs(const at::Tensor& q, const at::Tensor& k_cache,
+                                            const at::Tensor& weights,
+                                            const at::Tensor& positions,
+                                            const at::Tensor& block_table,
+                                            const at::Tensor& context_lens, int64_t topk,
+                                            int64_t compress_ratio, std::optional<double> scale);
+
+at::Tensor dsv4_indexer_topk_paged(const IndexerPagedCall& call);
+std::string dsv4_indexer_topk_paged_path(const IndexerPagedCall& call);
+std::string dsv4_indexer_topk_paged_plan(const IndexerPagedCall& call);
+
 }  // namespace dsv4

@@ -313,6 +313,40 @@ def dsv4_indexer_topk_path(q: Tensor, k: Tensor, weights: Tensor, positions: Ten
     return _ops.dsv4_indexer_topk_path(q, k, weights, positions, **kwargs)
 
 
+def dsv4_indexer_topk_paged(
+    q: Tensor,
+    k_cache: Tensor,
+    weights: Tensor,
+    positions: Tensor,
+    block_table: Tensor,
+    context_lens: Tensor,
+    *,
+    topk: int,
+    compress_ratio: int,
+    scale: Optional[float] = None,
+) -> Tensor:
+    """dsv4_indexer_topk for N query tokens per request (decode, multi-token prediction) over
+    vLLM's paged FP8 indexer cache.
+
+    q (B, N, H, 128), weights (B, N, H), positions (B, N) int32/int64. k_cache
+    (num_blocks, P, 1, 132) uint8: each block holds P rows of 128 float8_e4m3 values, then their
+    P fp32 scales; request b's row s lives in block block_table[b, s // P], row s % P, and the
+    request has context_lens[b] rows. A query at position p sees rows
+    s < min(context_lens[b], (p + 1) // compress_ratio). Returns int32 (B, N, topk): request
+    rows (not slots), best first, ties to the lower row, then -1.
+    """
+    return _ops.dsv4_indexer_topk_paged(q, k_cache, weights, positions, block_table,
+                                        context_lens, topk=topk, compress_ratio=compress_ratio,
+                                        scale=scale)
+
+
+def dsv4_indexer_topk_paged_path(q: Tensor, k_cache: Tensor, weights: Tensor, positions: Tensor,
+                                 block_table: Tensor, context_lens: Tensor, **kwargs) -> str:
+    """Name of the implementation dsv4_indexer_topk_paged would run for these arguments."""
+    return _ops.dsv4_indexer_topk_paged_path(q, k_cache, weights, positions, block_table,
+                                             context_lens, **kwargs)
+
+
 def gated_delta_rule_decode(
     q: Tensor,
     k: Tensor,
@@ -348,8 +382,9 @@ def launch_plan(op: str, *args, **kwargs) -> str:
     """The decisions an op would launch with for these arguments: "sm90 <family> <decisions>"
     (the kernel family, tile shape, splits, grid, ...) or "reference: <why not sm90>". op is
     the op's name ("fmha", "dsv4_attention", "merge_attn_states", "chunk_gated_delta_rule",
-    "chunk_simple_gla", "dsv4_indexer_topk", "gated_delta_rule_decode", "kv_cache_insert_fp8",
-    "kv_cache_gather_fp8", "dsv4_attention_paged"); the arguments are the op's. With
+    "chunk_simple_gla", "dsv4_indexer_topk", "dsv4_indexer_topk_paged",
+    "gated_delta_rule_decode", "kv_cache_insert_fp8", "kv_cache_gather_fp8",
+    "dsv4_attention_paged"); the arguments are the op's. With
     DSV4_PLAN_ASSUME_SM90=N set, it plans for an sm_90 GPU of N SMs whatever the tensors'
     device (for tests without a GPU)."""
     return getattr(_ops, f"_{op}_plan")(*args, **kwargs)
@@ -513,3 +548,13 @@ def _dsv4_indexer_topk_fake(q, k, weights, positions, *, topk, compress_ratio, s
                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     return q.new_empty((*q.shape[:-2], topk), dtype=torch.int32)
+
+
+@torch.library.register_fake("dsv4::dsv4_indexer_topk_paged")
+def _dsv4_indexer_topk_paged_fake(q, k_cache, weights, positions, block_table, context_lens, *,
+                                  topk, compress_ratio, scale=None):
+    _check_same_device("dsv4_indexer_topk_paged", "q", q, k_cache=k_cache, weights=weights,
+                       positions=positions, block_table=block_table, context_lens=context_lens)
+    _run_check(_ops._dsv4_indexer_topk_paged_check, q, k_cache, weights, positions, block_table,
+               context_lens, topk=topk, compress_ratio=compress_ratio, scale=scale)
+    return q.new_empty((*q.shape[:2], topk), dtype=torch.int32)

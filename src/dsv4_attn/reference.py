@@ -441,6 +441,39 @@ def _topk_rows(score: Tensor, topk: int) -> Tensor:
     return out
 
 
+def indexer_cache_rows(k_cache: Tensor, block_table_row: Tensor, n: int) -> Tensor:
+    """Rows 0 .. n-1 of one request in vLLM's paged FP8 indexer cache, float64 (n, 128),
+    decoded from the bytes: block b of the (num_blocks, P, 1, 132) uint8 view starts
+    stride(0) bytes after block b - 1 and holds P rows of 128 float8_e4m3 values, then their P
+    fp32 scales; row s lives in block block_table_row[s // P], row s % P."""
+    blocks, rows = k_cache.shape[0], k_cache.shape[1]
+    stride = k_cache.stride(0) if blocks > 1 else rows * 132
+    cache = k_cache.detach().cpu()
+    raw = cache.as_strided((blocks, rows * 132), (stride, 1), cache.storage_offset())
+    table = block_table_row.detach().cpu().tolist()
+    out = torch.zeros(n, 128, dtype=torch.float64)
+    for s in range(n):
+        block, r = raw[table[s // rows]], s % rows
+        values = block[128 * r:128 * (r + 1)].view(torch.float8_e4m3fn).to(torch.float64)
+        scale = block[128 * rows + 4 * r:128 * rows + 4 * (r + 1)].clone().view(torch.float32)
+        out[s] = values * scale.to(torch.float64)
+    return out
+
+
+def indexer_topk_paged(q: Tensor, k_cache: Tensor, weights: Tensor, positions: Tensor,
+                       block_table: Tensor, context_lens: Tensor, *, topk: int,
+                       compress_ratio: int, scale: Optional[float] = None) -> Tensor:
+    """The oracle of dsv4_indexer_topk_paged, in float64: int32 (B, N, topk). Request b's rows
+    are indexer_cache_rows(k_cache, block_table[b], context_lens[b]); a query at position p sees
+    those below (p + 1) // compress_ratio."""
+    out = torch.full((q.shape[0], q.shape[1], topk), -1, dtype=torch.int32)
+    for b in range(q.shape[0]):
+        keys = indexer_cache_rows(k_cache, block_table[b], int(context_lens[b]))
+        out[b] = _topk_rows(indexer_scores(q[b], keys, weights[b], positions[b], compress_ratio,
+                                           scale), topk)
+    return out
+
+
 def indexer_topk(q: Tensor, k: Tensor, weights: Tensor, positions: Tensor, *, topk: int,
                  compress_ratio: int, scale: Optional[float] = None,
                  k_scale: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
