@@ -221,20 +221,18 @@ def test_indexer_paged_matches_oracle_exactly(gen, device, lens, tokens, heads, 
 
 
 def test_indexer_paged_equals_the_dense_op_on_the_same_rows(gen, device):
-    """Each request against dsv4_indexer_topk over its dequantized rows, Gaussian queries and
-    weights, a padded block stride and the default scale."""
+    """Each request against dsv4_indexer_topk over its dequantized rows, with a padded block
+    stride (exact scores, so the two ops must agree on every pick and tie)."""
     lens, tokens, heads = [90, 17], 3, 16
-    q, cache, _, pos, table, lens_t = _paged_case(gen, device, lens, tokens, heads, 64,
+    q, cache, w, pos, table, lens_t = _paged_case(gen, device, lens, tokens, heads, 64,
                                                   block_pad=48)
-    q = randn(gen, *q.shape, dtype=torch.float32, device=device)
-    w = randn(gen, len(lens), tokens, heads, dtype=torch.float32, device=device)
     pos = pos - 2  # the last queries see all but the last rows
-    got = dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens_t, topk=32,
-                                            compress_ratio=4)
+    kw = dict(topk=32, compress_ratio=4, scale=0.5)
+    got = dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens_t, **kw)
     for b, n in enumerate(lens):
         keys = ref.indexer_cache_rows(cache, table[b], n).float().to(device)
         dense = dsv4_attn.dsv4_indexer_topk(q[b:b + 1], keys[None], w[b:b + 1], pos[b:b + 1],
-                                            topk=32, compress_ratio=4)
+                                            **kw)
         assert torch.equal(got[b], dense[0])
 
 

@@ -447,8 +447,8 @@ def indexer_cache_rows(k_cache: Tensor, block_table_row: Tensor, n: int) -> Tens
     stride(0) bytes after block b - 1 and holds P rows of 128 float8_e4m3 values, then their P
     fp32 scales; row s lives in block block_table_row[s // P], row s % P."""
     blocks, rows = k_cache.shape[0], k_cache.shape[1]
-    stride = k_cache.stride(0) if blocks > 1 else rows * 132
-    cache = k_cache.detach().cpu()
+    cache = k_cache.detach().cpu()  # a device copy drops the padding between blocks
+    stride = cache.stride(0) if blocks > 1 else rows * 132
     raw = cache.as_strided((blocks, rows * 132), (stride, 1), cache.storage_offset())
     table = block_table_row.detach().cpu().tolist()
     out = torch.zeros(n, 128, dtype=torch.float64)
