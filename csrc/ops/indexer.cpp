@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "ops/checks.h"
 
@@ -24,31 +25,45 @@ Route<IndexerPlan> route(const IndexerCall& c, bool for_plan) {
   return route_indexer(c, device_facts(c.q, overrides, for_plan));
 }
 
+// Σ_h w_h ReLU(scale q_h · k) of fp32 queries q (..., n, H, D) against the keys transposed,
+// keys_t (..., D, S), with weights w (..., n, H): (..., n, S), one head at a time.
+at::Tensor head_sum_scores(const at::Tensor& q, const at::Tensor& keys_t, const at::Tensor& w,
+                           double scale) {
+  std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end() - 2);
+  shape.push_back(keys_t.size(-1));
+  at::Tensor score = at::zeros(shape, q.options());
+  for (int64_t h = 0; h < q.size(-2); ++h) {
+    score.add_(at::relu(at::matmul(q.select(-2, h), keys_t) * scale) *
+               w.select(-1, h).unsqueeze(-1));
+  }
+  return score;
+}
+
+// The `keep` best rows along score's last dim (-inf: not visible, listed as -1); the sort is
+// stable, so ties go to the lower row.
+at::Tensor best_rows(const at::Tensor& score, int64_t keep) {
+  const auto [val, idx] = at::sort(score, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
+  return at::where(at::isfinite(val.narrow(-1, 0, keep)), idx.narrow(-1, 0, keep), -1);
+}
+
 // One sequence: q (Sq, H, D), k (Sc, D) fp32 (k_scale folded in), weights (Sq, H) fp32,
 // positions (Sq,) int64 -> (Sq, topk) int32.
 at::Tensor topk_of_sequence(const IndexerCall& c, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& w, const at::Tensor& pos) {
-  const int64_t sq = q.size(0), heads = q.size(1), sc = k.size(0);
+  const int64_t sq = q.size(0), sc = k.size(0);
   at::Tensor out = at::full({sq, c.topk}, -1, pos.options().dtype(at::kInt));
   if (sq == 0 || sc == 0) return out;
   const at::Tensor rows = at::arange(sc, pos.options());
   const int64_t keep = std::min(c.topk, sc);
   for (int64_t i0 = 0; i0 < sq; i0 += kQueryBlock) {
     const int64_t n = std::min(kQueryBlock, sq - i0);
-    const at::Tensor qb = q.narrow(0, i0, n), wb = w.narrow(0, i0, n);
-    at::Tensor score = at::zeros({n, sc}, k.options());
-    for (int64_t h = 0; h < heads; ++h) {
-      score.add_(at::relu(at::matmul(qb.select(1, h), k.t()) * c.scale) *
-                 wb.select(1, h).unsqueeze(1));
-    }
+    at::Tensor score =
+        head_sum_scores(q.narrow(0, i0, n), k.t(), w.narrow(0, i0, n), c.scale);  // (n, Sc)
     const at::Tensor closed = at::clamp(at::div(pos.narrow(0, i0, n) + 1, c.compress_ratio,
                                                 "floor"), 0, sc);
     score.masked_fill_(rows.unsqueeze(0) >= closed.unsqueeze(1),
                        -std::numeric_limits<float>::infinity());
-    const auto [val, idx] = at::sort(score, /*stable=*/true, /*dim=*/1, /*descending=*/true);
-    const at::Tensor top = idx.narrow(1, 0, keep);
-    const at::Tensor seen = at::isfinite(val.narrow(1, 0, keep));
-    out.narrow(0, i0, n).narrow(1, 0, keep).copy_(at::where(seen, top, -1));
+    out.narrow(0, i0, n).narrow(1, 0, keep).copy_(best_rows(score, keep));
   }
   return out;
 }
@@ -193,11 +208,8 @@ std::string dsv4_indexer_topk_plan(const IndexerCall& c) {
   return r.sm90 ? "sm90 " + describe(r.plan) : "reference: " + r.why_not;
 }
 
-}  // namespace dsv4
-
 // ----------------------------------------------------------------------------- the paged form
 
-namespace dsv4 {
 namespace {
 constexpr const char* kPagedOp = "dsv4_indexer_topk_paged";
 constexpr int64_t kCacheDim = 128;       // float8_e4m3 values per row
@@ -310,7 +322,7 @@ IndexerPagedCall check_indexer_paged_inputs(const at::Tensor& q, const at::Tenso
 // min(context_lens[b], (p + 1) // compress_ratio) score -inf before a stable sort.
 at::Tensor dsv4_indexer_topk_paged(const IndexerPagedCall& c) {
   c10::DeviceGuard guard(c.q.device());
-  const int64_t batch = c.q.size(0), tokens = c.q.size(1), heads = c.q.size(2);
+  const int64_t batch = c.q.size(0), tokens = c.q.size(1);
   const int64_t num_blocks = c.k_cache.size(0), rows = c.k_cache.size(1);
   const int64_t max_blocks = c.block_table.size(1), span = max_blocks * rows;
   const at::TensorOptions int_opts = c.q.options().dtype(at::kInt);
@@ -335,20 +347,14 @@ at::Tensor dsv4_indexer_topk_paged(const IndexerPagedCall& c) {
                                   .view(at::kFloat)
                                   .reshape({nb, span, 1});
     const at::Tensor keys_t = (values * scales).transpose(1, 2);  // (nb, 128, span)
-    const at::Tensor qb = q.narrow(0, b0, nb), wb = w.narrow(0, b0, nb);
-    at::Tensor score = at::zeros({nb, tokens, span}, q.options());
-    for (int64_t h = 0; h < heads; ++h) {
-      score.add_(at::relu(at::bmm(qb.select(2, h), keys_t) * c.scale) *
-                 wb.select(2, h).unsqueeze(2));
-    }
+    at::Tensor score = head_sum_scores(q.narrow(0, b0, nb), keys_t, w.narrow(0, b0, nb),
+                                       c.scale);  // (nb, N, span)
     const at::Tensor closed = at::clamp(at::div(pos.narrow(0, b0, nb) + 1, c.compress_ratio,
                                                 "floor"), 0);
     const at::Tensor limit = at::minimum(closed, lens.narrow(0, b0, nb).unsqueeze(1));
     score.masked_fill_(row_ids.view({1, 1, span}) >= limit.unsqueeze(2),
                        -std::numeric_limits<float>::infinity());
-    const auto [val, idx] = at::sort(score, /*stable=*/true, /*dim=*/2, /*descending=*/true);
-    const at::Tensor seen = at::isfinite(val.narrow(2, 0, keep));
-    out.narrow(0, b0, nb).narrow(2, 0, keep).copy_(at::where(seen, idx.narrow(2, 0, keep), -1));
+    out.narrow(0, b0, nb).narrow(2, 0, keep).copy_(best_rows(score, keep));
   }
   return out;
 }
