@@ -50,7 +50,7 @@ def _poisoned_run(q, k, w, pos, **kw):
     (2, 50, 300, 64, 64, 4),      # early queries see fewer rows than topk
     (1, 40, 5000, 64, 512, 4),    # three key splits, a full radix select
     (1, 100, 200, 8, 16, 4),      # 64 queries per block
-    (1, 9, 130, 256, 8, 4),       # one query per consumer
+    (1, 9, 130, 128, 8, 4),       # one query per consumer
     (2, 33, 700, 16, 700, 1),     # topk = Sc: every row, sorted
     (1, 8, 3000, 32, 2048, 1),    # the largest topk
     (1, 20, 40, 128, 64, 128),    # a few closed rows, -1 tails
@@ -141,7 +141,7 @@ def _fp8_case(seed, b, sq, sc, h, ratio=4, signed_scales=False):
 @pytest.mark.parametrize("b,sq,sc,h,topk,ratio,signed", [
     (1, 40, 5000, 64, 512, 4, False),    # three key splits, a full radix select
     (1, 100, 200, 8, 16, 4, False),      # 64 queries per block
-    (1, 9, 130, 256, 8, 4, True),        # one query per consumer, some negative row scales
+    (1, 9, 130, 128, 8, 4, True),        # one query per consumer, some negative row scales
     (2, 33, 700, 16, 700, 1, True),      # topk = Sc
     (1, 20, 40, 128, 64, 128, False),    # a few closed rows, -1 tails
 ])
@@ -273,6 +273,8 @@ def test_route_names_its_reasons():
     assert plan(q, k, w, pos).startswith("sm90 indexer queries_per_block=8")
     assert "head dim is not 128" in plan(q[..., :64], k[..., :64], w, pos)
     assert "power of two" in plan(q[:, :, :48], k, w[..., :48], pos)
+    wide = torch.cat([q] * 4, dim=2)  # 256 heads: more than a consumer's 128 columns
+    assert "from 8 to 128" in plan(wide, k, torch.cat([w] * 4, dim=-1), pos)
     assert "q is not bf16, fp16 or float8_e4m3fn" in plan(q.float(), k.float(), w, pos)
     assert "topk above 2048" in dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos,
                                                       topk=4096, compress_ratio=4)

@@ -1,5 +1,5 @@
 // The indexer's route: the kernels' shapes (bf16/fp16 or float8_e4m3, D = 128, H a power of two
-// from 8 to 256, topk up to 2048, dense or varlen) and the chunking of the score workspace. A
+// from 8 to 128, topk up to 2048, dense or varlen) and the chunking of the score workspace. A
 // varlen call is planned from max_seqlen_q and max_seqlen_k, so it needs no host sync.
 #include "sm90/indexer/api.h"
 
@@ -29,8 +29,8 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
   const int64_t heads = pr.q.size(-2), dim = pr.q.size(-1);
   const int64_t view_q = pr.varlen ? pr.q.size(0) : seq_q;  // queries along the TMA view
   if (dim != 128) return R::reference("the head dim is not 128");
-  if (heads < 8 || heads > 256 || (heads & (heads - 1)) != 0) {
-    return R::reference("heads not a power of two from 8 to 256");
+  if (heads < 8 || heads > kIndexerColumns || (heads & (heads - 1)) != 0) {
+    return R::reference("heads not a power of two from 8 to " + std::to_string(kIndexerColumns));
   }
   if (pr.topk > kIndexerMaxTopk) return R::reference("topk above 2048");
   if (batch == 0 || seq_q == 0 || seq_c == 0 || pr.q.numel() == 0 || pr.k.numel() == 0) {
@@ -45,7 +45,7 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
     return R::reference("more query rows or key rows than the kernels index");
   }
   IndexerPlan plan;
-  plan.queries_per_block = static_cast<int>(2 * 256 / heads);
+  plan.queries_per_block = static_cast<int>(kIndexerConsumers * kIndexerColumns / heads);
   const int per_block = plan.queries_per_block;
   plan.blocks_per_seq = static_cast<int>((seq_q + per_block - 1) / per_block);
   const int64_t total_blocks = batch * plan.blocks_per_seq;

@@ -24,7 +24,7 @@ struct IndexerProblem {
 };
 
 struct IndexerPlan {
-  int queries_per_block = 0;  // per score CTA: two consumers of 256 / H queries
+  int queries_per_block = 0;  // per score CTA: kIndexerConsumers of kIndexerColumns / H queries
   int blocks_per_seq = 0, total_blocks = 0;
   int chunk_blocks = 0, num_chunks = 0;  // the chunks share one workspace
   int splits = 0;                        // key splits of a block in the score grid

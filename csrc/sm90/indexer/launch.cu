@@ -44,10 +44,10 @@ void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& 
   const at::Tensor k = pr.varlen ? pr.k.unsqueeze(0) : pr.k;  // (Bv, Sc_v, D)
   const at::Tensor positions = pr.varlen ? pr.positions.unsqueeze(0) : pr.positions;
   const int64_t heads = q.size(2);
-  // q as (Bv, Sv H, 1, D): a q row per (query, head), a consumer's 256 rows in one box.
+  // q as (Bv, Sv H, 1, D): a q row per (query, head), a consumer's N rows in one box.
   const at::Tensor q_rows = q.as_strided({q.size(0), q.size(1) * heads, 1, q.size(3)},
                                          {q.stride(0), q.stride(2), q.stride(2), q.stride(3)});
-  const CUtensorMap tq = make_tensor_map_bshd(kOp, q_rows, "q", 256, 1);
+  const CUtensorMap tq = make_tensor_map_bshd(kOp, q_rows, "q", kIndexerColumns, 1);
   const CUtensorMap tk = make_tensor_map_bshd(kOp, k.unsqueeze(2), "k", 64, 1);
   const at::Tensor weights = pr.weights.to(at::kFloat).contiguous();  // as given when fp32
   const std::optional<at::Tensor>& k_scale = pr.k_scale;  // fp32; always given with FP8

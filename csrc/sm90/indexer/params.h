@@ -14,6 +14,10 @@ namespace dsv4 {
 constexpr int kIndexerMaxTopk = 2048;       // the top-k CTA's list (topk.cuh)
 constexpr int kIndexerKeyCapacity = 32768;  // keys a top-k CTA stages: 128 KB
 constexpr int kIndexerTilesPerSplit = 32;   // 64-row key tiles per score CTA: 2048 rows
+// A score CTA's consumer warpgroups, each with kIndexerColumns (query, head) columns: a block
+// holds kIndexerConsumers * kIndexerColumns / H queries, and H is at most kIndexerColumns.
+constexpr int kIndexerConsumers = 4;
+constexpr int kIndexerColumns = 128;
 
 // Tensors are seen as (Bv, Sv, ...) views: dense calls have Bv = B sequences of Sv = Sq queries
 // and Sc rows; varlen calls one view (Bv = 1) of T queries and total_c rows, in which sequence b
@@ -36,7 +40,7 @@ struct IndexerParams {
   int seq_q, seq_c;           // dense: Sq and Sc; varlen: the longest sequences (max_seqlen_*)
   int heads, topk, compress_ratio;
   int head_levels;            // log2(heads / 8): the head sum's tree depth per query
-  int queries_per_block;      // two warpgroups of 256 / heads queries each
+  int queries_per_block;      // kIndexerConsumers warpgroups of kIndexerColumns / H queries
   int blocks_per_seq, total_blocks, num_chunks, chunk_blocks;
   int chunk;                  // this launch's chunk
   int smem_keys;              // keys a top-k CTA stages in shared memory

@@ -2,12 +2,12 @@
 // row's Σ_h w_h ReLU(scale q_h · k), written to the chunk's fp32 workspace (params.h).
 //
 // The product is turned around so that the head sum stays inside a thread: the 64 key rows of a
-// tile are wgmma's M and a consumer's 256 / H queries times H heads its N = 256 columns (q rows
-// in (query, head) order), so each thread holds whole head groups of one key row and sums them
-// in registers, with two quad shuffles, instead of reducing across warps.
-// Roles: one producer thread loads both consumers' queries once and streams the key tiles of
-// this CTA's split through a ring; two consumers, each with its own queries, read every tile
-// and take turns on the tensor cores (one's epilogue runs under the other's product).
+// tile are wgmma's M and a consumer's N / H queries times H heads its N columns (q rows in
+// (query, head) order, N = kIndexerColumns), so each thread holds whole head groups of one key
+// row and sums them in registers, with two quad shuffles, instead of reducing across warps.
+// Roles: one producer thread loads every consumer's queries once and streams the key tiles of
+// this CTA's split through a ring; the consumers, each with its own queries, read every tile
+// and take turns on the tensor cores (the others' epilogues run under one's product).
 #pragma once
 
 #include <cuda.h>
@@ -34,18 +34,24 @@ struct IndexerScoreTraits {
   static constexpr int kHeadDim = 128;
   static constexpr int kAtomElems = 128 / static_cast<int>(sizeof(Element));
   static constexpr int kAtoms = kHeadDim / kAtomElems;
-  static constexpr int kColumns = 256;  // a consumer's (query, head) columns
+  static constexpr int kColumns = kIndexerColumns;  // a consumer's (query, head) columns: N
   static constexpr int kTileRows = 64;  // key rows per tile: wgmma's M
   static constexpr int kSplitRows = kIndexerTilesPerSplit * kTileRows;
   static constexpr int kStages = 4;
-  static constexpr int kConsumers = 2;
+  static constexpr int kConsumers = kIndexerConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // setmaxnreg moves registers within the CTA's launch allocation (the file split over
+  // kThreads, in steps of 8): the producer's release is all the consumers can gain.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs =
+      (kLaunchRegs * kThreads - 128 * kProducerRegs) / (128 * kConsumers) / 8 * 8;
+  static constexpr int kAcc = kColumns / 2;  // fp32 accumulators per thread (64 x N)
   static constexpr uint32_t kTileBytes = kAtoms * kTileRows * 128;
   static constexpr uint32_t kQueryBytes = kConsumers * kAtoms * kColumns * 128;
-  // Named barriers (0 is __syncthreads): a consumer's turn to issue, and the weights and row
-  // factors stored (both consumers).
-  static constexpr uint32_t kTurnBarrier = 1, kStagedBarrier = 3;
+  // Named barriers (0 is __syncthreads): each consumer's turn to issue (kConsumers of them), and
+  // the weights and row factors stored (all consumers).
+  static constexpr uint32_t kTurnBarrier = 1, kStagedBarrier = kTurnBarrier + kConsumers;
 
   struct SharedStorage {
     alignas(1024) uint8_t q[kConsumers][kAtoms][kColumns][128];
@@ -135,24 +141,25 @@ __device__ __forceinline__ float indexer_row_factor(const IndexerParams& p, cons
   return row < seq_c ? p.sign * k_scale[row * p.k_scale_stride_s] : 0.f;
 }
 
-// A consumer's epilogue for one tile: ReLU, the weights and the head sum of its kQ = 256 / H
+// A consumer's epilogue for one tile: ReLU, the weights and the head sum of its kQ = N / H
 // queries, and the scores of its two key rows per query stored to the workspace.
 //   acc[4j + {0,1}]: key row r, columns 8j + 2(lane % 4) + {0,1}; acc[4j + {2,3}]: row r + 8.
 //   Column n is query n / H, head n % H: query i owns j in [i H / 8, (i + 1) H / 8).
 //   f0, f1: rows r and r + 8's factors (indexer_row_factor).
-template <int kQ>
-__device__ __forceinline__ void indexer_tile_scores(float (&acc)[128], const float* weights,
+template <int kQ, int kAcc>
+__device__ __forceinline__ void indexer_tile_scores(float (&acc)[kAcc], const float* weights,
                                                     const IndexerParams& p, float f0, float f1,
                                                     float* ws, int row0) {
-  constexpr int kJ = 32 / kQ;  // j values per query
+  constexpr int kGroups = kAcc / 4;  // j: 8-column groups
+  constexpr int kJ = kGroups / kQ;   // j values per query
   const int quad = threadIdx.x % 4;
   // Where every lane's factors are >= 0, ReLU(f x) = f ReLU(x): f then scales the row's sums,
-  // kQ multiplies instead of 128 (the FP8 mode always has row scales).
+  // 2 kQ multiplies instead of kAcc (the FP8 mode always has row scales).
   float post0 = f0, post1 = f1;
   if (!__all_sync(0xffffffffu, f0 >= 0.f && f1 >= 0.f)) {
     post0 = post1 = 1.f;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < kGroups; ++j) {
       acc[4 * j] *= f0;
       acc[4 * j + 1] *= f0;
       acc[4 * j + 2] *= f1;
@@ -191,9 +198,10 @@ __device__ __forceinline__ void indexer_tile_scores(float (&acc)[128], const flo
   }
 }
 
-// Consumer `wg` (0 or 1) of kQ = 256 / H queries: their weights into shared memory, then per
-// tile: wait for the keys and its turn, issue S = K Q^T (64 x 256, over the 128 dims), pass
-// the turn, release the keys once read, and store the scores.
+// Consumer `wg` of kQ = N / H queries: their weights (and a share of the split's row factors)
+// into shared memory, then per tile: wait for the keys and its turn, issue S = K Q^T (64 x N,
+// over the 128 dims), pass the turn to the next consumer, release the keys once read, and
+// store the scores.
 template <typename Element, int kQ>
 __device__ __forceinline__ void indexer_consume(
     typename IndexerScoreTraits<Element>::SharedStorage& s, const IndexerParams& p,
@@ -213,31 +221,33 @@ __device__ __forceinline__ void indexer_consume(
           : p.k_scale + blk.batch * p.k_scale_stride_b + blk.k0 * p.k_scale_stride_s;
   const int split_row0 = tiles.first * T::kTileRows;
   const int split_rows = (tiles.last - tiles.first) * T::kTileRows;
-  constexpr int kFactorsPerThread = T::kSplitRows / 256;  // loads in flight together
+  constexpr int kConsumerThreads = 128 * T::kConsumers;
+  constexpr int kFactorsPerThread = T::kSplitRows / kConsumerThreads;  // loads in flight together
   float factor[kFactorsPerThread];
 #pragma unroll
   for (int j = 0; j < kFactorsPerThread; ++j) {
-    const int r = wg * 128 + tid + j * 256;
+    const int r = wg * 128 + tid + j * kConsumerThreads;
     factor[j] = r < split_rows ? indexer_row_factor(p, k_scale, blk.seq_c, split_row0 + r) : 0.f;
   }
 #pragma unroll
   for (int j = 0; j < kFactorsPerThread; ++j) {
-    const int r = wg * 128 + tid + j * 256;
+    const int r = wg * 128 + tid + j * kConsumerThreads;
     if (r < split_rows) s.row_factor[r] = factor[j];
   }
-  ptx::named_barrier_sync(T::kStagedBarrier, 256);
+  ptx::named_barrier_sync(T::kStagedBarrier, kConsumerThreads);
   float* ws = p.scores +
               static_cast<int64_t>(blockIdx.y * p.queries_per_block + wg * kQ) * p.row_stride;
   const uint32_t q_base = ptx::smem_addr(&s.q[wg][0][0][0]);
   ptx::mbarrier_wait(ptx::smem_addr(&s.q_full), 0);
-  if (wg == 1) ptx::named_barrier_arrive(T::kTurnBarrier, 256);  // consumer 0 goes first
-  float acc[128];
+  // The turn passes round the consumers, 0 first: the last one opens it.
+  if (wg == T::kConsumers - 1) ptx::named_barrier_arrive(T::kTurnBarrier, 256);
+  float acc[T::kAcc];
   for (int i = 0, t = tiles.first; t < tiles.last; ++i, ++t) {
     const int stage = i % T::kStages;
     ptx::mbarrier_wait(ptx::smem_addr(&s.k_full[stage]), (i / T::kStages) & 1);
     ptx::named_barrier_sync(T::kTurnBarrier + wg, 256);
 #pragma unroll
-    for (int r = 0; r < 128; ++r) ptx::fence_operand(acc[r]);
+    for (int r = 0; r < T::kAcc; ++r) ptx::fence_operand(acc[r]);
     ptx::wgmma_fence();
     const uint32_t k_base = ptx::smem_addr(&s.k[stage][0][0][0]);
 #pragma unroll
@@ -252,18 +262,33 @@ __device__ __forceinline__ void indexer_consume(
       }
     }
     ptx::wgmma_commit();
-    ptx::named_barrier_arrive(T::kTurnBarrier + (wg ^ 1), 256);
+    ptx::named_barrier_arrive(T::kTurnBarrier + (wg + 1) % T::kConsumers, 256);
     const int row0 = t * T::kTileRows + warp * 16 + lane / 4;
     const float f0 = s.row_factor[row0 - split_row0];
     const float f1 = s.row_factor[row0 + 8 - split_row0];
     ptx::wgmma_wait<0>();
 #pragma unroll
-    for (int r = 0; r < 128; ++r) ptx::fence_operand(acc[r]);
+    for (int r = 0; r < T::kAcc; ++r) ptx::fence_operand(acc[r]);
     if (lane == 0) ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
     indexer_tile_scores<kQ>(acc, s.weights[wg], p, f0, f1, ws, row0);
   }
-  // Consumer 1's last pass of the turn has no issue after it: consume it.
+  // The last consumer's last pass of the turn has no issue after it: consume it.
   if (wg == 0) ptx::named_barrier_sync(T::kTurnBarrier, 256);
+}
+
+// The consumer compiled for H = 8 << head_levels (kQ = N / H queries), so that the head sum has
+// static shapes; the route keeps H <= N.
+template <typename Element, int kQ>
+__device__ __forceinline__ void indexer_consume_per_heads(
+    typename IndexerScoreTraits<Element>::SharedStorage& s, const IndexerParams& p,
+    const IndexerBlock& blk, IndexerTiles tiles, int wg, int head_levels) {
+  if constexpr (kQ >= 1) {
+    if (head_levels == 0) {
+      indexer_consume<Element, kQ>(s, p, blk, tiles, wg);
+    } else {
+      indexer_consume_per_heads<Element, kQ / 2>(s, p, blk, tiles, wg, head_levels - 1);
+    }
+  }
 }
 
 // Grid (splits, chunk_blocks): CTA (x, y) scores key tiles [x, x + 1) * kIndexerTilesPerSplit of
@@ -311,14 +336,7 @@ __global__ void __launch_bounds__(IndexerScoreTraits<Element>::kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<T::kConsumerRegs>();
     const int wg = threadIdx.x / 128 - 1;
-    switch (p.head_levels) {  // H = 8 << head_levels: the head sum's shape is compiled per H
-      case 0: indexer_consume<Element, 32>(s, p, blk, tiles, wg); break;
-      case 1: indexer_consume<Element, 16>(s, p, blk, tiles, wg); break;
-      case 2: indexer_consume<Element, 8>(s, p, blk, tiles, wg); break;
-      case 3: indexer_consume<Element, 4>(s, p, blk, tiles, wg); break;
-      case 4: indexer_consume<Element, 2>(s, p, blk, tiles, wg); break;
-      default: indexer_consume<Element, 1>(s, p, blk, tiles, wg); break;
-    }
+    indexer_consume_per_heads<Element, T::kColumns / 8>(s, p, blk, tiles, wg, p.head_levels);
   }
 }
 
