@@ -8,6 +8,7 @@ mode (float8_e4m3 q and k, row scales) is checked exactly on small integers, and
 Gaussian inputs against the quantization bound.
 """
 import math
+import re
 
 import pytest
 import torch
@@ -95,18 +96,43 @@ def test_kernel_keys_past_shared_memory():
     assert torch.equal(got.cpu(), want)
 
 
-def test_kernel_chunks_equal_the_reference_path(monkeypatch):
-    """A call whose scores exceed one workspace runs in interleaved chunks; the reference path
-    (on the GPU, DSV4_DISABLE_SM90=1) gives the same exact picks."""
-    q, k, w, pos = _case("chunks", 4, 1000, 6000, 16, torch.bfloat16)
+def _pipelined_case(seed):
+    """Scores past one workspace: interleaved chunks over two buffers, each buffer reused."""
+    q, k, w, pos = _case(seed, 4, 1000, 6000, 16, torch.bfloat16)
     kw = dict(topk=512, compress_ratio=4, scale=0.5)
     plan = dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos, **kw)
-    assert "chunks=2x" in plan, plan
+    assert "buffers=2" in plan and int(re.search(r"chunks=(\d+)x", plan)[1]) >= 3, plan
+    return q, k, w, pos, kw
+
+
+def test_kernel_chunks_equal_the_reference_path(monkeypatch):
+    """The second buffer's chunks run on a side stream beside the first's; the reference path
+    (on the GPU, DSV4_DISABLE_SM90=1) gives the same exact picks."""
+    q, k, w, pos, kw = _pipelined_case("chunks")
     got = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
     assert torch.equal(dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw), got)  # deterministic
     monkeypatch.setenv("DSV4_DISABLE_SM90", "1")
     assert dsv4_attn.dsv4_indexer_topk_path(q, k, w, pos, **kw) == "reference"
     assert torch.equal(got, dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw))
+
+
+def test_pipelined_chunks_in_a_cuda_graph(monkeypatch):
+    """The side stream joins the capture and the current stream waits for it: a replay with new
+    keys gives the reference path's picks, and work queued after it sees the whole output."""
+    q, k, w, pos, kw = _pipelined_case("pgraph")
+    dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
+        copied = out.clone()  # on the capturing stream, after the op
+    gen = torch.Generator().manual_seed(5)
+    k.copy_(_ints(gen, *k.shape).to(k.dtype))
+    graph.replay()
+    monkeypatch.setenv("DSV4_DISABLE_SM90", "1")
+    want = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
+    assert torch.equal(out, want)
+    assert torch.equal(copied, want)
 
 
 def test_kernel_gaussian_scores_at_each_rank():

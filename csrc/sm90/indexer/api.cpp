@@ -12,7 +12,8 @@
 
 namespace dsv4 {
 namespace {
-constexpr int64_t kWorkspaceBudget = int64_t(48) << 20;  // scores of one chunk
+// The scores' workspace: one buffer where the whole call fits, else two buffers of half.
+constexpr int64_t kWorkspaceBudget = int64_t(60) << 20;
 }  // namespace
 
 Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& device) {
@@ -53,9 +54,11 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
   plan.total_blocks = static_cast<int>(total_blocks);
   plan.row_stride = (seq_c + 63) / 64 * 64;
   const int64_t block_bytes = int64_t(plan.queries_per_block) * plan.row_stride * 4;
-  const int64_t fit =
-      std::max<int64_t>(1, std::min<int64_t>(kWorkspaceBudget / block_bytes, 65535));
+  plan.buffers = total_blocks * block_bytes <= kWorkspaceBudget ? 1 : 2;
+  const int64_t fit = std::max<int64_t>(
+      1, std::min<int64_t>(kWorkspaceBudget / plan.buffers / block_bytes, 65535));
   plan.num_chunks = static_cast<int>((total_blocks + fit - 1) / fit);
+  plan.buffers = std::min(plan.buffers, plan.num_chunks);
   plan.chunk_blocks = static_cast<int>((total_blocks + plan.num_chunks - 1) / plan.num_chunks);
   plan.splits = static_cast<int>((plan.row_stride / 64 + kIndexerTilesPerSplit - 1) /
                                  kIndexerTilesPerSplit);
@@ -66,7 +69,7 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
 std::string describe(const IndexerPlan& p) {
   return "indexer queries_per_block=" + std::to_string(p.queries_per_block) +
          " chunks=" + std::to_string(p.num_chunks) + "x" + std::to_string(p.chunk_blocks) +
-         " splits=" + std::to_string(p.splits) +
+         " buffers=" + std::to_string(p.buffers) + " splits=" + std::to_string(p.splits) +
          " workspace=" + std::to_string((p.workspace_bytes() + (1 << 20) - 1) >> 20) + "MB";
 }
 

@@ -26,20 +26,23 @@ struct IndexerProblem {
 struct IndexerPlan {
   int queries_per_block = 0;  // per score CTA: kIndexerConsumers of kIndexerColumns / H queries
   int blocks_per_seq = 0, total_blocks = 0;
-  int chunk_blocks = 0, num_chunks = 0;  // the chunks share one workspace
-  int splits = 0;                        // key splits of a block in the score grid
-  int64_t row_stride = 0;                // floats per workspace row
-  int smem_keys = 0;                     // keys a top-k CTA stages in shared memory
-  int64_t workspace_bytes() const {
-    return int64_t(chunk_blocks) * queries_per_block * row_stride * 4;
-  }
+  int chunk_blocks = 0, num_chunks = 0;
+  // Chunk c's scores live in buffer c % buffers: with two, the buffers' chunks run on two
+  // streams (launch.cu).
+  int buffers = 1;
+  int splits = 0;          // key splits of a block in the score grid
+  int64_t row_stride = 0;  // floats per workspace row
+  int smem_keys = 0;       // keys a top-k CTA stages in shared memory
+  int64_t buffer_floats() const { return int64_t(chunk_blocks) * queries_per_block * row_stride; }
+  int64_t workspace_bytes() const { return buffers * buffer_floats() * 4; }
 };
 
 Route<IndexerPlan> route_indexer(const IndexerProblem& problem, const DeviceFacts& device);
 std::string describe(const IndexerPlan& plan);
 
-// Queues the kernels on the current stream, chunk by chunk; out (B, Sq, topk) or (T, topk) int32
-// contiguous.
+// Queues the kernels chunk by chunk on the current stream and, with two buffers, the second
+// buffer's chunks on a side stream that the current stream waits for at the end. out (B, Sq, topk) or
+// (T, topk) int32 contiguous.
 void run_indexer(const IndexerProblem& problem, const IndexerPlan& plan, at::Tensor& out);
 
 }  // namespace dsv4

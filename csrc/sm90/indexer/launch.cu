@@ -1,6 +1,7 @@
-// The indexer's launch: per chunk, the score kernel then the top-k kernel, both on the current
-// stream over one workspace (no host sync: the chunking depends on shapes only).
+// The indexer's launch: per chunk, the score kernel then the top-k kernel over a workspace of one
+// or two buffers (no host sync: the chunking depends on shapes only).
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
 
 #include <cmath>
@@ -14,24 +15,40 @@ namespace dsv4 {
 namespace {
 constexpr const char* kOp = "dsv4_indexer_topk";
 
+// Chunk c: its scores into buffer c % buffers, then its top-k. With two buffers, the chunks of
+// buffer 1 run on `side`: each stream works through its own buffer's chunks in order, and the two
+// fill each other's idle SMs at every kernel's last wave. `side` starts after the work queued on
+// `stream` so far, and `stream` waits for `side` at the end.
 template <typename Element>
 void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, const CUtensorMap& tq,
-                   const CUtensorMap& tk, int device, cudaStream_t stream) {
+                   const CUtensorMap& tk, int device, const at::cuda::CUDAStream& stream,
+                   const at::cuda::CUDAStream& side) {
   using Traits = IndexerScoreTraits<Element>;
   constexpr auto kScore = indexer_score_kernel<Element>;
   constexpr int kScoreSmem = Traits::kSmemBytes;
   allow_dynamic_smem<kScore>(device, kScoreSmem);
   const int topk_smem = plan.smem_keys * 4;
   allow_dynamic_smem<indexer_topk_kernel>(device, kIndexerKeyCapacity * 4);
+  at::cuda::CUDAEvent fork, join;
+  if (plan.buffers == 2) {
+    fork.record(stream);
+    fork.block(side);
+  }
   for (int c = 0; c < plan.num_chunks; ++c) {
+    const int b = c % plan.buffers;
+    const cudaStream_t on = b == 0 ? stream.stream() : side.stream();
     IndexerParams p = base;
     p.chunk = c;
-    kScore<<<dim3(plan.splits, plan.chunk_blocks), Traits::kThreads, kScoreSmem, stream>>>(tq, tk,
-                                                                                           p);
+    p.scores = base.scores + b * plan.buffer_floats();
+    kScore<<<dim3(plan.splits, plan.chunk_blocks), Traits::kThreads, kScoreSmem, on>>>(tq, tk, p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     indexer_topk_kernel<<<plan.chunk_blocks * plan.queries_per_block, IndexerTopkTraits::kThreads,
-                          topk_smem, stream>>>(p);
+                          topk_smem, on>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (plan.buffers == 2) {
+    join.record(side);
+    join.block(stream);
   }
 }
 
@@ -87,14 +104,17 @@ void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& 
   p.num_chunks = plan.num_chunks;
   p.chunk_blocks = plan.chunk_blocks;
   p.smem_keys = plan.smem_keys;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int device = pr.q.get_device();
+  const at::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream(device);
+  // The second buffer's stream (launch_chunks).
+  const at::cuda::CUDAStream side =
+      plan.buffers == 2 ? at::cuda::getStreamFromPool(false, device) : stream;
   if (pr.q.scalar_type() == at::kBFloat16) {
-    launch_chunks<__nv_bfloat16>(p, plan, tq, tk, device, stream);
+    launch_chunks<__nv_bfloat16>(p, plan, tq, tk, device, stream, side);
   } else if (pr.q.scalar_type() == at::kFloat8_e4m3fn) {
-    launch_chunks<__nv_fp8_e4m3>(p, plan, tq, tk, device, stream);
+    launch_chunks<__nv_fp8_e4m3>(p, plan, tq, tk, device, stream, side);
   } else {
-    launch_chunks<__half>(p, plan, tq, tk, device, stream);
+    launch_chunks<__half>(p, plan, tq, tk, device, stream, side);
   }
 }
 
