@@ -28,6 +28,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// ReLU of two floats, rounded to bf16 and packed (lo in the low half): one cvt.rn.relu.
+__device__ __forceinline__ uint32_t pack2_relu_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 // One bf16, fp16 or fp32 value <-> float, explicitly (torch builds disable the implicit
 // conversions); rounding to nearest even.
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -16,7 +16,9 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
@@ -52,11 +54,20 @@ struct IndexerScoreTraits {
   // Named barriers (0 is __syncthreads): each consumer's turn to issue (kConsumers of them), and
   // the weights and row factors stored (all consumers).
   static constexpr uint32_t kTurnBarrier = 1, kStagedBarrier = kTurnBarrier + kConsumers;
+  // FP8 mode sums the heads on the tensor cores (indexer_tile_scores_tc): per consumer a
+  // K-major B of kColumns x (2 per query, at most 2 kColumns / 8) bf16 weights.
+  static constexpr bool kTensorHeadSum = std::is_same_v<Element, __nv_fp8_e4m3>;
+  static constexpr int kHeadSumRows = 2 * kColumns / 8;  // B's N rows per 64-column atom
+  struct HeadSumWeights {
+    alignas(1024) uint8_t b[kConsumers][kColumns / 64][kHeadSumRows][128];
+  };
+  struct NoHeadSumWeights {};
 
   struct SharedStorage {
     alignas(1024) uint8_t q[kConsumers][kAtoms][kColumns][128];
     alignas(1024) uint8_t k[kStages][kAtoms][kTileRows][128];
-    float weights[kConsumers][kColumns];
+    std::conditional_t<kTensorHeadSum, HeadSumWeights, NoHeadSumWeights> head_sum;
+    alignas(16) float weights[kConsumers][kColumns];  // read as float2
     float row_factor[kSplitRows];  // the split's indexer_row_factor, loaded once
     uint64_t q_full, k_full[kStages], k_empty[kStages];
     int visible;  // the most closed rows of any query of the block
@@ -198,6 +209,78 @@ __device__ __forceinline__ void indexer_tile_scores(float (&acc)[kAcc], const fl
   }
 }
 
+// FP8 mode's epilogue: the head sum on the tensor cores. The ReLU'd scores, rounded to bf16,
+// are wgmma's A from registers (the accumulator layout is the A fragment's, as FA3 reuses P),
+// and B (`head_sum_b`, K-major, swizzled) holds each query's weights on its heads' columns,
+// split into bf16 hi and lo parts so that they keep 16 bits: result column 2i + t is query i's
+// sum over part t. A score's terms are rounded to bf16 (relative 2^-9); the sum is in fp32.
+// The rest as indexer_tile_scores.
+template <int kQ, int kRowsPerAtom, int kAcc>
+__device__ __forceinline__ void indexer_tile_scores_tc(float (&acc)[kAcc], uint32_t head_sum_b,
+                                                       const IndexerParams& p, float f0,
+                                                       float f1, float* ws, int row0) {
+  constexpr int kN = 2 * kQ < 8 ? 8 : 2 * kQ;
+  const int quad = threadIdx.x % 4;
+  float post0 = f0, post1 = f1;
+  if (!__all_sync(0xffffffffu, f0 >= 0.f && f1 >= 0.f)) {
+    post0 = post1 = 1.f;
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+      acc[4 * j] *= f0;
+      acc[4 * j + 1] *= f0;
+      acc[4 * j + 2] *= f1;
+      acc[4 * j + 3] *= f1;
+    }
+  }
+  uint32_t a[kAcc / 2];
+#pragma unroll
+  for (int i = 0; i < kAcc / 2; ++i) a[i] = ptx::pack2_relu_bf16(acc[2 * i], acc[2 * i + 1]);
+  float sums[kN / 2];
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int step = 0; step < kAcc / 8; ++step) {  // k16 steps over the consumer's columns
+    const uint32_t frag[4] = {a[4 * step], a[4 * step + 1], a[4 * step + 2], a[4 * step + 3]};
+    const uint64_t desc = ptx::smem_desc_sw128(
+        head_sum_b + (step / 4) * kRowsPerAtom * 128 + (step % 4) * 32, 0, 1024);
+    ptx::WgmmaRS<kN, __nv_bfloat16, 0>::run(sums, frag, desc, step != 0);
+  }
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    ptx::fence_operand(sums[4 * j]);
+    ptx::fence_operand(sums[4 * j + 1]);
+    ptx::fence_operand(sums[4 * j + 2]);
+    ptx::fence_operand(sums[4 * j + 3]);
+    const int query = 4 * j + quad;  // columns 8j + 2 quad + {hi, lo}
+    if (query < kQ) {
+      float* at = ws + query * p.row_stride + row0;
+      at[0] = (sums[4 * j] + sums[4 * j + 1]) * post0;
+      at[8] = (sums[4 * j + 2] + sums[4 * j + 3]) * post1;
+    }
+  }
+}
+
+// The B of indexer_tile_scores_tc for column c (this thread's) of a consumer: weight w in rows
+// 2 (c / H) (hi) and 2 (c / H) + 1 (lo), zero in the other rows up to N; the 128-byte swizzle
+// moves 16-byte chunk x of row n to x ^ (n % 8).
+template <int kQ, int kRowsPerAtom>
+__device__ __forceinline__ void indexer_stage_head_sum_b(uint8_t* b, int column, int heads,
+                                                         float w) {
+  constexpr int kN = 2 * kQ < 8 ? 8 : 2 * kQ;
+  const __nv_bfloat16 hi = __float2bfloat16_rn(w);
+  const __nv_bfloat16 lo = __float2bfloat16_rn(w - __bfloat162float(hi));
+  const int query = column / heads, in_atom = column % 64;
+  uint8_t* atom = b + (column / 64) * kRowsPerAtom * 128;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    const __nv_bfloat16 v =
+        n / 2 == query ? (n % 2 == 0 ? hi : lo) : __float2bfloat16_rn(0.f);
+    const int chunk = (in_atom / 8) ^ (n % 8);
+    *reinterpret_cast<__nv_bfloat16*>(atom + n * 128 + chunk * 16 + (in_atom % 8) * 2) = v;
+  }
+}
+
 // Consumer `wg` of kQ = N / H queries: their weights (and a share of the split's row factors)
 // into shared memory, then per tile: wait for the keys and its turn, issue S = K Q^T (64 x N,
 // over the 128 dims), pass the turn to the next consumer, release the keys once read, and
@@ -211,9 +294,15 @@ __device__ __forceinline__ void indexer_consume(
   const int query0 = blk.first_query + wg * kQ;
   for (int c = tid; c < T::kColumns; c += 128) {
     const int q = query0 + c / p.heads;
-    s.weights[wg][c] =
+    const float w =
         q < blk.seq_q ? p.weight_scale * p.weights[(blk.token0 + q) * p.heads + c % p.heads]
                       : 0.f;
+    if constexpr (T::kTensorHeadSum) {
+      indexer_stage_head_sum_b<kQ, T::kHeadSumRows>(&s.head_sum.b[wg][0][0][0], c, p.heads, w);
+      ptx::fence_proxy_async_smem();  // st.shared, then wgmma's reads (async proxy)
+    } else {
+      s.weights[wg][c] = w;
+    }
   }
   const float* k_scale =
       p.k_scale == nullptr
@@ -270,7 +359,12 @@ __device__ __forceinline__ void indexer_consume(
 #pragma unroll
     for (int r = 0; r < T::kAcc; ++r) ptx::fence_operand(acc[r]);
     if (lane == 0) ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
-    indexer_tile_scores<kQ>(acc, s.weights[wg], p, f0, f1, ws, row0);
+    if constexpr (T::kTensorHeadSum) {
+      indexer_tile_scores_tc<kQ, T::kHeadSumRows>(acc, ptx::smem_addr(&s.head_sum.b[wg][0][0][0]), p, f0, f1, ws,
+                                 row0);
+    } else {
+      indexer_tile_scores<kQ>(acc, s.weights[wg], p, f0, f1, ws, row0);
+    }
   }
   // The last consumer's last pass of the turn has no issue after it: consume it.
   if (wg == 0) ptx::named_barrier_sync(T::kTurnBarrier, 256);
