@@ -41,8 +41,8 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& problem, const DeviceFact
 std::string describe(const IndexerPlan& plan);
 
 // Queues the kernels chunk by chunk on the current stream and, with two buffers, the second
-// buffer's chunks on a side stream that the current stream waits for at the end. out (B, Sq, topk) or
-// (T, topk) int32 contiguous.
+// buffer's chunks on a side stream that the current stream waits for at the end.
+// out (B, Sq, topk) or (T, topk) int32 contiguous.
 void run_indexer(const IndexerProblem& problem, const IndexerPlan& plan, at::Tensor& out);
 
 }  // namespace dsv4

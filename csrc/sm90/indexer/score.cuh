@@ -360,8 +360,8 @@ __device__ __forceinline__ void indexer_consume(
     for (int r = 0; r < T::kAcc; ++r) ptx::fence_operand(acc[r]);
     if (lane == 0) ptx::mbarrier_arrive(ptx::smem_addr(&s.k_empty[stage]));
     if constexpr (T::kTensorHeadSum) {
-      indexer_tile_scores_tc<kQ, T::kHeadSumRows>(acc, ptx::smem_addr(&s.head_sum.b[wg][0][0][0]), p, f0, f1, ws,
-                                 row0);
+      indexer_tile_scores_tc<kQ, T::kHeadSumRows>(
+          acc, ptx::smem_addr(&s.head_sum.b[wg][0][0][0]), p, f0, f1, ws, row0);
     } else {
       indexer_tile_scores<kQ>(acc, s.weights[wg], p, f0, f1, ws, row0);
     }
