@@ -152,6 +152,29 @@ __device__ __forceinline__ float indexer_row_factor(const IndexerParams& p, cons
   return row < seq_c ? p.sign * k_scale[row * p.k_scale_stride_s] : 0.f;
 }
 
+// The row factors f0, f1 (rows r and r + 8) of a tile's accumulators. Where every lane's factors
+// are >= 0, ReLU(f x) = f ReLU(x): f then scales the row's sums (post0, post1), a multiply per
+// sum instead of per accumulator (the FP8 mode always has row scales); else the accumulators.
+template <int kAcc>
+__device__ __forceinline__ void indexer_apply_row_factors(float (&acc)[kAcc], float f0, float f1,
+                                                          float& post0, float& post1) {
+  post0 = f0;
+  post1 = f1;
+  if (!__all_sync(0xffffffffu, f0 >= 0.f && f1 >= 0.f)) {
+    post0 = post1 = 1.f;
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+      acc[4 * j] *= f0;
+      acc[4 * j + 1] *= f0;
+      acc[4 * j + 2] *= f1;
+      acc[4 * j + 3] *= f1;
+    }
+  }
+}
+
+// The FP8 head sum's N: two columns (hi and lo weights) per query, at least wgmma's 8.
+constexpr int indexer_head_sum_columns(int queries) { return 2 * queries < 8 ? 8 : 2 * queries; }
+
 // A consumer's epilogue for one tile: ReLU, the weights and the head sum of its kQ = N / H
 // queries, and the scores of its two key rows per query stored to the workspace.
 //   acc[4j + {0,1}]: key row r, columns 8j + 2(lane % 4) + {0,1}; acc[4j + {2,3}]: row r + 8.
@@ -164,19 +187,8 @@ __device__ __forceinline__ void indexer_tile_scores(float (&acc)[kAcc], const fl
   constexpr int kGroups = kAcc / 4;  // j: 8-column groups
   constexpr int kJ = kGroups / kQ;   // j values per query
   const int quad = threadIdx.x % 4;
-  // Where every lane's factors are >= 0, ReLU(f x) = f ReLU(x): f then scales the row's sums,
-  // 2 kQ multiplies instead of kAcc (the FP8 mode always has row scales).
-  float post0 = f0, post1 = f1;
-  if (!__all_sync(0xffffffffu, f0 >= 0.f && f1 >= 0.f)) {
-    post0 = post1 = 1.f;
-#pragma unroll
-    for (int j = 0; j < kGroups; ++j) {
-      acc[4 * j] *= f0;
-      acc[4 * j + 1] *= f0;
-      acc[4 * j + 2] *= f1;
-      acc[4 * j + 3] *= f1;
-    }
-  }
+  float post0, post1;
+  indexer_apply_row_factors(acc, f0, f1, post0, post1);
   const float2* w2 = reinterpret_cast<const float2*>(weights) + quad;
   float s0[kQ], s1[kQ];
 #pragma unroll
@@ -219,19 +231,10 @@ template <int kQ, int kRowsPerAtom, int kAcc>
 __device__ __forceinline__ void indexer_tile_scores_tc(float (&acc)[kAcc], uint32_t head_sum_b,
                                                        const IndexerParams& p, float f0,
                                                        float f1, float* ws, int row0) {
-  constexpr int kN = 2 * kQ < 8 ? 8 : 2 * kQ;
+  constexpr int kN = indexer_head_sum_columns(kQ);
   const int quad = threadIdx.x % 4;
-  float post0 = f0, post1 = f1;
-  if (!__all_sync(0xffffffffu, f0 >= 0.f && f1 >= 0.f)) {
-    post0 = post1 = 1.f;
-#pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) {
-      acc[4 * j] *= f0;
-      acc[4 * j + 1] *= f0;
-      acc[4 * j + 2] *= f1;
-      acc[4 * j + 3] *= f1;
-    }
-  }
+  float post0, post1;
+  indexer_apply_row_factors(acc, f0, f1, post0, post1);
   uint32_t a[kAcc / 2];
 #pragma unroll
   for (int i = 0; i < kAcc / 2; ++i) a[i] = ptx::pack2_relu_bf16(acc[2 * i], acc[2 * i + 1]);
@@ -267,7 +270,7 @@ __device__ __forceinline__ void indexer_tile_scores_tc(float (&acc)[kAcc], uint3
 template <int kQ, int kRowsPerAtom>
 __device__ __forceinline__ void indexer_stage_head_sum_b(uint8_t* b, int column, int heads,
                                                          float w) {
-  constexpr int kN = 2 * kQ < 8 ? 8 : 2 * kQ;
+  constexpr int kN = indexer_head_sum_columns(kQ);
   const __nv_bfloat16 hi = __float2bfloat16_rn(w);
   const __nv_bfloat16 lo = __float2bfloat16_rn(w - __bfloat162float(hi));
   const int query = column / heads, in_atom = column % 64;
