@@ -181,6 +181,22 @@ def test_fp8_kernel_matches_oracle_exactly(b, sq, sc, h, topk, ratio, signed):
     assert torch.equal(got.cpu(), want)
 
 
+def test_fp8_nan_in_one_query_stays_in_it():
+    """A NaN in one query's q (e4m3's 0x7F) leaves every other query's picks exact: the head sum
+    drops a NaN term as the exact mode's fmaxf does, so it cannot reach the queries that share
+    the consumer's wgmma."""
+    q, k, w, pos, k_scale = _fp8_case("fp8nan", 1, 16, 600, 64)
+    q.view(torch.uint8)[0, 5, 3, 7] = 0x7F
+    kw = dict(topk=64, compress_ratio=4, scale=0.5, k_scale=k_scale)
+    got = _poisoned_run(q, k, w, pos, **kw).cpu()
+    clean = q.clone()
+    clean.view(torch.uint8)[0, 5, 3, 7] = 0
+    want = ref.indexer_topk(clean.cpu().float(), k.cpu().float(), w.cpu(), pos.cpu(),
+                            **dict(kw, k_scale=k_scale.cpu()))
+    others = torch.arange(16) != 5
+    assert torch.equal(got[0, others], want[0, others])
+
+
 def test_fp8_kernel_within_the_quantization_bound():
     """The serving mode as vLLM feeds it: q quantized per (token, head) with its scale folded
     into the weights, k per row with k_scale. Against the dequantized inputs' float64 scores the

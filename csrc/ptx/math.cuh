@@ -28,10 +28,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// ReLU of two floats, rounded to bf16 and packed (lo in the low half): one cvt.rn.relu.
+// ReLU of two floats, rounded to bf16 and packed (lo in the low half). cvt.rn.relu keeps a NaN;
+// max with 0 (which returns the non-NaN operand) makes it 0, as fmaxf(x, 0) does.
 __device__ __forceinline__ uint32_t pack2_relu_bf16(float lo, float hi) {
   uint32_t r;
-  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  asm("{\n.reg .b32 t;\ncvt.rn.relu.bf16x2.f32 t, %1, %2;\nmax.bf16x2 %0, t, %3;\n}"
+      : "=r"(r)
+      : "f"(hi), "f"(lo), "r"(0u));
   return r;
 }
 
