@@ -69,6 +69,14 @@ slots = torch.tensor([4, -1, 0, 9, 7], device="cuda")
 assert dsv4_attn.gated_delta_rule_decode_path(qd, qd, vd, gd, bd, pool, state_indices=slots) == "sm90"
 od = dsv4_attn.gated_delta_rule_decode(qd, qd, vd, gd, bd, pool, state_indices=slots,
                                        use_qk_l2norm_in_kernel=True)
+# T = 4 (every Gram product) on an fp32 state.
+q4 = torch.randn(3, 4, 2, 128, device="cuda", dtype=torch.bfloat16)
+v4 = torch.randn(3, 4, 4, 128, device="cuda", dtype=torch.bfloat16)
+g4, b4 = -torch.rand(3, 4, 4, device="cuda"), torch.rand(3, 4, 4, device="cuda")
+pool32 = torch.randn(4, 4, 128, 128, device="cuda") * 0.1
+o4 = dsv4_attn.gated_delta_rule_decode(q4, q4, v4, g4, b4, pool32,
+                                       state_indices=torch.tensor([2, 0, 3], device="cuda"))
 torch.cuda.synchronize()
 assert torch.isfinite(od).all() and torch.isfinite(pool.float()).all()
+assert torch.isfinite(o4).all() and torch.isfinite(pool32).all()
 print("sanitize_chunk: gated_delta_rule_decode sm90 path ran, outputs finite")

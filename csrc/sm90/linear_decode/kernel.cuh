@@ -1,12 +1,13 @@
 // One decode step of the gated delta rule (README: gated_delta_rule_decode) for T <= 4 tokens
-// per sequence, K = V = 128: one CTA of 128 threads per (sequence, v-head). The K x V state
-// block (contiguous in the pool) arrives in shared memory by one bulk copy and leaves by one, so
-// a few CTAs per SM (three for an fp32 state) keep their copies in flight while others compute;
-// thread j owns column j. The state is held in fp32 (a bf16 state is widened on arrival and
-// rounded once on the way out, as the reference path does). Per token t:
-//   S <- exp(g_t) S;  u_j = beta_t (v_tj - sum_k S_kj k_tk);  S_kj += k_tk u_j;
-//   o_tj = scale sum_k S_kj q_tk.
-// q and k go through shared memory, each l2-normalized there when asked.
+// per sequence, K = V = 128: one CTA of 128 threads per (sequence, v-head); thread j owns column
+// j of the K x V state block. Per token t (a_t = exp(g_t)):
+//   S <- a_t S;  u_j = beta_t (v_tj - sum_k S_kj k_tk);  S_kj += k_tk u_j;  o_tj = scale q_t . S_j.
+// All T tokens take two passes over the column, whatever T: the first reads it once for the dots
+// k_t . S0_j and q_t . S0_j, from which (with the small Gram products k_t . k_s and q_t . k_s)
+// every u_tj and o_tj follows in closed form; the second writes S_T = A_T S0 + sum_s c_s k_s u_s^T.
+// The block (contiguous in the pool) arrives in four row chunks by bulk copies and leaves the same
+// way, so the first pass starts on the first chunk and the write-back overlaps the second pass.
+// A bf16 state is read and written in place in shared memory, the math in fp32, rounded once.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,11 +27,13 @@ namespace dsv4 {
 constexpr int kDecodeDim = 128;      // K = V, and the CTA's threads
 constexpr int kDecodeMaxTokens = 4;  // T
 constexpr int kDecodeStateFloats = kDecodeDim * kDecodeDim;
+constexpr int kDecodeChunks = 4;     // row chunks of the state block, each its own copy
+constexpr int kDecodeChunkRows = kDecodeDim / kDecodeChunks;
 
-// Dynamic shared memory: the fp32 working state, and for a bf16 state its staging copy.
+// Dynamic shared memory: the state block in its own dtype.
 template <typename State>
 constexpr int decode_smem_bytes() {
-  return kDecodeStateFloats * (4 + (std::is_same_v<State, float> ? 0 : int(sizeof(State))));
+  return kDecodeStateFloats * int(sizeof(State));
 }
 
 // The sum over the CTA's 128 threads (every thread gets it); `scratch` holds 4 floats.
@@ -43,18 +46,126 @@ __device__ __forceinline__ float decode_block_sum(float x, float* scratch) {
   return scratch[0] + scratch[1] + scratch[2] + scratch[3];
 }
 
+// The tokens' vectors and scalars, staged in shared memory.
+struct DecodeTokens {
+  alignas(16) float q[kDecodeMaxTokens][kDecodeDim];
+  alignas(16) float k[kDecodeMaxTokens][kDecodeDim];
+  float v[kDecodeMaxTokens][kDecodeDim];
+  float decay[kDecodeMaxTokens], beta[kDecodeMaxTokens];
+  float kk[kDecodeMaxTokens][kDecodeMaxTokens];  // k_t . k_s
+  float qk[kDecodeMaxTokens][kDecodeMaxTokens];  // q_t . k_s
+};
+
+// Warp t computes row t of the Gram products (s <= t; the diagonal of kk is not used).
+__device__ __forceinline__ void decode_gram(DecodeTokens& tok, int tokens) {
+  const int t = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (t >= tokens) return;
+  const float4 q = reinterpret_cast<const float4*>(tok.q[t])[lane];
+  const float4 k = reinterpret_cast<const float4*>(tok.k[t])[lane];
+  for (int s = 0; s <= t; ++s) {
+    const float4 ks = reinterpret_cast<const float4*>(tok.k[s])[lane];
+    float dk = k.x * ks.x + k.y * ks.y + k.z * ks.z + k.w * ks.w;
+    float dq = q.x * ks.x + q.y * ks.y + q.z * ks.z + q.w * ks.w;
+#pragma unroll
+    for (int m = 16; m > 0; m /= 2) {
+      dk += __shfl_xor_sync(0xffffffff, dk, m);
+      dq += __shfl_xor_sync(0xffffffff, dq, m);
+    }
+    if (lane == 0) {
+      tok.kk[t][s] = dk;
+      tok.qk[t][s] = dq;
+    }
+  }
+}
+
+// Column j through T tokens: the dots on the first pass, u and o in closed form, the update on
+// the second pass with each chunk's write-back issued as soon as the CTA has written it.
+template <int T, typename State>
+__device__ __forceinline__ void decode_column(State* block, State* state, const DecodeTokens& tok,
+                                              const uint64_t* chunk_full, float scale,
+                                              float (&out)[kDecodeMaxTokens]) {
+  const int j = threadIdx.x;
+  float dk[T], dq[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) dk[t] = dq[t] = 0.f;
+#pragma unroll 1
+  for (int c = 0; c < kDecodeChunks; ++c) {
+    ptx::mbarrier_wait(ptx::smem_addr(&chunk_full[c]), 0);
+#pragma unroll 2
+    for (int k = c * kDecodeChunkRows; k < (c + 1) * kDecodeChunkRows; k += 4) {
+      float x[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[i] = ptx::to_float(block[(k + i) * kDecodeDim + j]);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float4 kk = reinterpret_cast<const float4*>(tok.k[t])[k / 4];
+        const float4 qq = reinterpret_cast<const float4*>(tok.q[t])[k / 4];
+        dk[t] = fmaf(x[3], kk.w, fmaf(x[2], kk.z, fmaf(x[1], kk.y, fmaf(x[0], kk.x, dk[t]))));
+        dq[t] = fmaf(x[3], qq.w, fmaf(x[2], qq.z, fmaf(x[1], qq.y, fmaf(x[0], qq.x, dq[t]))));
+      }
+    }
+  }
+  // decay_ts[t][s] = a_{s+1} ... a_t (the decay from after token s to token t), 1 when s = t;
+  // cum[t] = a_0 ... a_t.
+  float cum[T], decay_ts[T][T], u[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    cum[t] = (t == 0 ? 1.f : cum[t - 1]) * tok.decay[t];
+    decay_ts[t][t] = 1.f;
+#pragma unroll
+    for (int s = t - 1; s >= 0; --s) decay_ts[t][s] = decay_ts[t][s + 1] * tok.decay[s + 1];
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float w = cum[t] * dk[t];  // k_t . S_j after token t's decay
+#pragma unroll
+    for (int s = 0; s < t; ++s) w = fmaf(decay_ts[t][s] * tok.kk[t][s], u[s], w);
+    u[t] = tok.beta[t] * (tok.v[t][j] - w);
+    float o = cum[t] * dq[t];
+#pragma unroll
+    for (int s = 0; s <= t; ++s) o = fmaf(decay_ts[t][s] * tok.qk[t][s], u[s], o);
+    out[t] = scale * o;
+  }
+  float c[T];
+#pragma unroll
+  for (int s = 0; s < T; ++s) c[s] = decay_ts[T - 1][s] * u[s];
+  const float all_decay = cum[T - 1];
+#pragma unroll 1
+  for (int ch = 0; ch < kDecodeChunks; ++ch) {
+#pragma unroll 2
+    for (int k = ch * kDecodeChunkRows; k < (ch + 1) * kDecodeChunkRows; k += 4) {
+      float x[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[i] = all_decay * ptx::to_float(block[(k + i) * kDecodeDim + j]);
+#pragma unroll
+      for (int s = 0; s < T; ++s) {
+        const float4 kk = reinterpret_cast<const float4*>(tok.k[s])[k / 4];
+        x[0] = fmaf(kk.x, c[s], x[0]);
+        x[1] = fmaf(kk.y, c[s], x[1]);
+        x[2] = fmaf(kk.z, c[s], x[2]);
+        x[3] = fmaf(kk.w, c[s], x[3]);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) block[(k + i) * kDecodeDim + j] = ptx::from_float<State>(x[i]);
+    }
+    ptx::fence_proxy_async_smem();  // the bulk store reads what the threads wrote
+    __syncthreads();
+    if (j == 0) {
+      constexpr uint32_t kChunk = kDecodeChunkRows * kDecodeDim;
+      ptx::bulk_store(state + ch * kChunk, ptx::smem_addr(block + ch * kChunk),
+                      kChunk * sizeof(State));
+      ptx::bulk_commit_group();
+    }
+  }
+}
+
 template <typename Element, typename State>
 __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const GatedDeltaDecodeParams p) {
   extern __shared__ __align__(128) uint8_t decode_smem[];
-  float* S = reinterpret_cast<float*>(decode_smem);  // [k][j]
-  State* staged = std::is_same_v<State, float>
-                      ? reinterpret_cast<State*>(S)
-                      : reinterpret_cast<State*>(decode_smem + kDecodeStateFloats * 4);
-  __shared__ alignas(16) float qs[kDecodeMaxTokens][kDecodeDim];
-  __shared__ alignas(16) float ks[kDecodeMaxTokens][kDecodeDim];
-  __shared__ float vs[kDecodeMaxTokens][kDecodeDim], gs[kDecodeMaxTokens], bs[kDecodeMaxTokens];
+  State* block = reinterpret_cast<State*>(decode_smem);  // [k][j]
+  __shared__ DecodeTokens tok;
   __shared__ float scratch[4];
-  __shared__ alignas(8) uint64_t state_full;
+  __shared__ alignas(8) uint64_t chunk_full[kDecodeChunks];
   const int hv = blockIdx.x % p.heads_v, b = blockIdx.x / p.heads_v, j = threadIdx.x;
   const int h = hv / (p.heads_v / p.heads_qk);
   int64_t slot = b;
@@ -71,13 +182,15 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
     return;
   }
   State* state = static_cast<State*>(p.state) + (slot * p.heads_v + hv) * kDecodeStateFloats;
-  constexpr uint32_t kStateBytes = kDecodeStateFloats * sizeof(State);
-  const uint32_t full = ptx::smem_addr(&state_full);
   if (j == 0) {
-    ptx::mbarrier_init(full, 1);
+    constexpr uint32_t kChunk = kDecodeChunkRows * kDecodeDim;
+    for (int c = 0; c < kDecodeChunks; ++c) ptx::mbarrier_init(ptx::smem_addr(&chunk_full[c]), 1);
     ptx::fence_barrier_init();
-    ptx::mbarrier_arrive_expect_tx(full, kStateBytes);
-    ptx::bulk_load(ptx::smem_addr(staged), state, kStateBytes, full);
+    for (int c = 0; c < kDecodeChunks; ++c) {
+      const uint32_t full = ptx::smem_addr(&chunk_full[c]);
+      ptx::mbarrier_arrive_expect_tx(full, kChunk * sizeof(State));
+      ptx::bulk_load(ptx::smem_addr(block + c * kChunk), state + c * kChunk, kChunk * sizeof(State), full);
+    }
   }
   // While the state lands: q and k of every token into shared memory (each thread one dim),
   // normalized if asked and rounded to their dtype, as the chunk op does; v, g and beta too.
@@ -92,65 +205,30 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
       qv = ptx::to_float(ptx::from_float<Element>(qv * rsqrtf(decode_block_sum(qv * qv, scratch) + 1e-6f)));
       kv = ptx::to_float(ptx::from_float<Element>(kv * rsqrtf(decode_block_sum(kv * kv, scratch) + 1e-6f)));
     }
-    qs[t][j] = qv;
-    ks[t][j] = kv;
-    vs[t][j] = ptx::to_float(v[b * p.v_stride[0] + t * p.v_stride[1] + hv * p.v_stride[2] + j]);
+    tok.q[t][j] = qv;
+    tok.k[t][j] = kv;
+    tok.v[t][j] = ptx::to_float(v[b * p.v_stride[0] + t * p.v_stride[1] + hv * p.v_stride[2] + j]);
     if (j == 0) {
       const int64_t gi = (int64_t(b) * p.tokens + t) * p.heads_v + hv;
-      gs[t] = p.g[gi];
-      bs[t] = p.beta[gi];
+      tok.decay[t] = expf(p.g[gi]);
+      tok.beta[t] = p.beta[gi];
     }
   }
-  __syncthreads();  // q, k, v, g, beta; the barrier's init
-  ptx::mbarrier_wait(full, 0);
-  if constexpr (!std::is_same_v<State, float>) {  // widen the staged state (column j: own data)
-#pragma unroll 8
-    for (int k = 0; k < kDecodeDim; ++k) S[k * kDecodeDim + j] = ptx::to_float(staged[k * kDecodeDim + j]);
-  }
-#pragma unroll 1
-  for (int t = 0; t < p.tokens; ++t) {
-    const float decay = expf(gs[t]);
-    // k and q four at a time (one broadcast 16-byte read each), the column one value at a time.
-    const float4* k4 = reinterpret_cast<const float4*>(ks[t]);
-    const float4* q4 = reinterpret_cast<const float4*>(qs[t]);
-    float w = 0.f;
-#pragma unroll 4
-    for (int k = 0; k < kDecodeDim; k += 4) {
-      const float4 kk = k4[k / 4];
-      const float* col = S + k * kDecodeDim + j;
-      w = fmaf(col[0], kk.x, w);
-      w = fmaf(col[kDecodeDim], kk.y, w);
-      w = fmaf(col[2 * kDecodeDim], kk.z, w);
-      w = fmaf(col[3 * kDecodeDim], kk.w, w);
-    }
-    const float u = bs[t] * (vs[t][j] - decay * w);
-    float out = 0.f;
-#pragma unroll 4
-    for (int k = 0; k < kDecodeDim; k += 4) {
-      const float4 kk = k4[k / 4], qq = q4[k / 4];
-      float* col = S + k * kDecodeDim + j;
-      const float x0 = fmaf(col[0], decay, kk.x * u), x1 = fmaf(col[kDecodeDim], decay, kk.y * u);
-      const float x2 = fmaf(col[2 * kDecodeDim], decay, kk.z * u);
-      const float x3 = fmaf(col[3 * kDecodeDim], decay, kk.w * u);
-      col[0] = x0;
-      col[kDecodeDim] = x1;
-      col[2 * kDecodeDim] = x2;
-      col[3 * kDecodeDim] = x3;
-      out = fmaf(x0, qq.x, fmaf(x1, qq.y, fmaf(x2, qq.z, fmaf(x3, qq.w, out))));
-    }
-    o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = ptx::from_float<Element>(p.scale * out);
-  }
-  if constexpr (!std::is_same_v<State, float>) {
-#pragma unroll 8
-    for (int k = 0; k < kDecodeDim; ++k) staged[k * kDecodeDim + j] = ptx::from_float<State>(S[k * kDecodeDim + j]);
-  }
-  ptx::fence_proxy_async_smem();  // the bulk store reads what the threads wrote
+  __syncthreads();  // q, k, v, g, beta; the barriers' init
+  decode_gram(tok, p.tokens);
   __syncthreads();
-  if (j == 0) {
-    ptx::bulk_store(state, ptx::smem_addr(staged), kStateBytes);
-    ptx::bulk_commit_group();
-    ptx::bulk_wait_group_read<0>();  // the shared memory stays until the store has read it
+  float out[kDecodeMaxTokens];
+  switch (p.tokens) {
+    case 1: decode_column<1>(block, state, tok, chunk_full, p.scale, out); break;
+    case 2: decode_column<2>(block, state, tok, chunk_full, p.scale, out); break;
+    case 3: decode_column<3>(block, state, tok, chunk_full, p.scale, out); break;
+    default: decode_column<4>(block, state, tok, chunk_full, p.scale, out); break;
   }
+#pragma unroll
+  for (int t = 0; t < kDecodeMaxTokens; ++t) {
+    if (t < p.tokens) o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = ptx::from_float<Element>(out[t]);
+  }
+  if (j == 0) ptx::bulk_wait_group_read<0>();  // the shared memory stays until the stores read it
 }
 
 }  // namespace dsv4
