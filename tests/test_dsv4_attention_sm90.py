@@ -95,8 +95,18 @@ def padded_topk(b, sq, skv, sc, ratio, k, gen):
     return F.pad(top, (0, k - top.shape[-1]), value=-1).int()
 
 
+def sparse_topk(b, sq, k, sc, gen):
+    """Lists of -1 with one entry each in a random slot (every third token's in the last slot),
+    a random row that may not be closed yet: a list's last visible slot anywhere, or nowhere."""
+    topk = torch.full((b, sq, k), -1, dtype=torch.int32, device="cuda")
+    slot = torch.randint(0, k, (b, sq), generator=gen, device="cuda")
+    slot[:, ::3] = k - 1
+    row = torch.randint(0, sc, (b, sq), generator=gen, device="cuda", dtype=torch.int32)
+    return topk.scatter_(2, slot[..., None], row[..., None])
+
+
 def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, seed=0,
-          q_view=False, topk_k=0, padded_lists=False):
+          q_view=False, topk_k=0, padded_lists=False, sparse_lists=False):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen, device="cuda").to(dtype)  # noqa: E731
     q = rand(b, h, sq, D).transpose(1, 2) if q_view else rand(b, sq, h, D)
@@ -108,6 +118,8 @@ def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, se
         kw.update(compressed_kv=comp, compress_ratio=ratio)
     if topk_k and padded_lists:
         kw["topk_indices"] = padded_topk(b, sq, skv, sc, ratio, topk_k, gen)
+    elif topk_k and sparse_lists:
+        kw["topk_indices"] = sparse_topk(b, sq, topk_k, sc, gen)
     elif topk_k:
         # -1 padding, rows >= Sc, rows not yet closed, and a repeated index per query.
         topk = torch.randint(-1, sc + 3, (b, sq, topk_k), generator=gen, device="cuda")
@@ -192,6 +204,15 @@ def test_dsv4_sm90_csa_matches_oracle(b, sq, skv, h, window, sc, k):
 def test_dsv4_sm90_csa_padded_lists(b, sq, skv, h, k):
     check(b, sq, skv, h, 128, 4, skv // 4, True, topk_k=k, padded_lists=True,
           seed=stable_seed("padded", b, sq, h, k))
+
+
+# (B, Sq, Skv, Hq, K): the kernel walks each work tile's lists only up to the last visible slot
+# of the longest (planned before the launch); one entry per list, anywhere.
+@pytest.mark.parametrize("b,sq,skv,h,k", [(1, 90, 400, 64, 512), (2, 40, 300, 128, 200),
+                                          (1, 50, 600, 8, 1024), (1, 35, 300, 32, 130)])
+def test_dsv4_sm90_csa_sparse_lists(b, sq, skv, h, k):
+    check(b, sq, skv, h, 128, 4, skv // 4, True, topk_k=k, sparse_lists=True,
+          seed=stable_seed("sparse", b, sq, h, k))
 
 
 def test_dsv4_sm90_fp16_and_views():

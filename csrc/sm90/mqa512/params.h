@@ -55,6 +55,9 @@ struct Mqa512Sm90Params {
   // compressed + b * c_batch_stride + w * c_row_stride elements; c_row_stride bytes < 2^32).
   const int* topk;     // nullptr: HCA (every closed row)
   int topk_k;
+  // CSA: per work tile (its index / num_splits), the listed tiles each of its tokens walks, up
+  // to the last visible slot of the longest list (list_tiles.cuh); nullptr: ceil(topk_k / 64).
+  const int* list_tiles;
   const void* compressed;
   long long c_batch_stride, c_row_stride;
   // Split-KV (csrc/sm90/shared/split_kv.h): num_splits > 1 cuts each work tile's key tiles into

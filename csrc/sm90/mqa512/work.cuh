@@ -96,10 +96,18 @@ __device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, 
   return w >= 0 && w < closed ? w : -1;
 }
 
-// paged: p.paged, known at compile time (the kernel's instantiation).
+// CSA: the listed tiles of work tile `work`, planned (p.list_tiles), or -1: every slot's. Loaded
+// one work tile ahead by the producer, off its way into the tile.
+__device__ __forceinline__ int mqa512_planned_list_tiles(const Mqa512Sm90Params& p, int work) {
+  return p.list_tiles != nullptr && work < p.num_work ? p.list_tiles[work / p.num_splits] : -1;
+}
+
+// paged: p.paged, known at compile time (the kernel's instantiation); list_tiles: CSA's
+// mqa512_planned_list_tiles.
 __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm90Params& p,
                                                                  const Mqa512WorkTile& w,
-                                                                 int block_n, bool paged) {
+                                                                 int block_n, bool paged,
+                                                                 int list_tiles) {
   Mqa512KeySegments k;
   k.kv = visible_key_tiles(w.shape, w.tok0, p.tile_tokens, block_n);
   k.kv_key0 = visible_keys(w.shape, k.kv.pos_lo).lo;
@@ -113,12 +121,10 @@ __device__ __forceinline__ Mqa512KeySegments mqa512_key_segments(const Mqa512Sm9
   } else if (p.compress_ratio == 0) {
     k.num_c = 0;
   } else if (p.topk != nullptr) {
-    // Every listed slot, 64 per tile, for each of the tile's tokens in its sequence. (A warp
-    // scan of the lists for the last visible slot saved 11% on a fresh prompt's top-1024 lists,
-    // padded with -1, but cost 2.5-7.5% on full lists: it sits on the producer's way into the
-    // next work tile, and its registers spilled.)
+    // The listed slots up to the last visible one (planned), 64 per tile, for each of the
+    // tile's tokens in its sequence.
     const int tokens = max(k.kv.pos_hi - k.kv.pos_lo + 1, 0);
-    k.c_per_token = (p.topk_k + block_n - 1) / block_n;
+    k.c_per_token = list_tiles >= 0 ? list_tiles : (p.topk_k + block_n - 1) / block_n;
     k.num_c = k.c_per_token * tokens;
   } else {
     k.num_c = (mqa512_closed_rows(p, w, k.kv.pos_hi) + block_n - 1) / block_n;
