@@ -54,11 +54,9 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     ptx::setmaxnreg_dec<kPaged ? T::kPagedProducerRegs : T::kProducerRegs>();
     const Mqa512Producer<Element> producer{s, p};
     producer.prefetch_descriptors(tmap_q, tmap_kv, tmap_c);
-    int next_list_tiles = mqa512_planned_list_tiles(p, blockIdx.x);
     for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;
          progress.next_work(ptx::grid_ctas())) {
-      const int list_tiles = next_list_tiles;
-      next_list_tiles = mqa512_planned_list_tiles(p, progress.work() + ptx::grid_ctas());
+      const int list_tiles = mqa512_planned_list_tiles(p, progress.work());  // under the decode
       const Mqa512WorkTile w = mqa512_decode_tile(p, progress.work());
       const Mqa512KeySegments seg = mqa512_key_segments(p, w, T::kBlockN, kPaged, list_tiles);
       const SplitRange range = split_key_range(seg.num_kv + seg.num_c, w.split, p.num_splits);

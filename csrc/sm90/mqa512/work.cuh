@@ -96,8 +96,8 @@ __device__ __forceinline__ int mqa512_listed_row(const int* listed, int topk_k, 
   return w >= 0 && w < closed ? w : -1;
 }
 
-// CSA: the listed tiles of work tile `work`, planned (p.list_tiles), or -1: every slot's. Loaded
-// one work tile ahead by the producer, off its way into the tile.
+// CSA: the listed tiles of work tile `work`, planned (p.list_tiles; an L2 hit, written just
+// before the launch), or -1: every slot's.
 __device__ __forceinline__ int mqa512_planned_list_tiles(const Mqa512Sm90Params& p, int work) {
   return p.list_tiles != nullptr && work < p.num_work ? p.list_tiles[work / p.num_splits] : -1;
 }
