@@ -194,24 +194,39 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
   }
   // While the state lands: q and k of every token into shared memory (each thread one dim),
   // normalized if asked and rounded to their dtype, as the chunk op does; v, g and beta too.
+  // Every token's loads are issued before the first is used: one round trip for any T.
   const Element* q = static_cast<const Element*>(p.q);
   const Element* kp = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
-#pragma unroll 1
-  for (int t = 0; t < p.tokens; ++t) {
-    float qv = ptx::to_float(q[b * p.q_stride[0] + t * p.q_stride[1] + h * p.q_stride[2] + j]);
-    float kv = ptx::to_float(kp[b * p.k_stride[0] + t * p.k_stride[1] + h * p.k_stride[2] + j]);
-    if (p.qk_l2norm) {
-      qv = ptx::to_float(ptx::from_float<Element>(qv * rsqrtf(decode_block_sum(qv * qv, scratch) + 1e-6f)));
-      kv = ptx::to_float(ptx::from_float<Element>(kv * rsqrtf(decode_block_sum(kv * kv, scratch) + 1e-6f)));
+  float qv[kDecodeMaxTokens], kv[kDecodeMaxTokens], vv[kDecodeMaxTokens], gv[kDecodeMaxTokens],
+      bv[kDecodeMaxTokens];
+#pragma unroll
+  for (int t = 0; t < kDecodeMaxTokens; ++t) {
+    if (t < p.tokens) {
+      qv[t] = ptx::to_float(q[b * p.q_stride[0] + t * p.q_stride[1] + h * p.q_stride[2] + j]);
+      kv[t] = ptx::to_float(kp[b * p.k_stride[0] + t * p.k_stride[1] + h * p.k_stride[2] + j]);
+      vv[t] = ptx::to_float(v[b * p.v_stride[0] + t * p.v_stride[1] + hv * p.v_stride[2] + j]);
+      if (j == 0) {
+        const int64_t gi = (int64_t(b) * p.tokens + t) * p.heads_v + hv;
+        gv[t] = p.g[gi];
+        bv[t] = p.beta[gi];
+      }
     }
-    tok.q[t][j] = qv;
-    tok.k[t][j] = kv;
-    tok.v[t][j] = ptx::to_float(v[b * p.v_stride[0] + t * p.v_stride[1] + hv * p.v_stride[2] + j]);
-    if (j == 0) {
-      const int64_t gi = (int64_t(b) * p.tokens + t) * p.heads_v + hv;
-      tok.decay[t] = expf(p.g[gi]);
-      tok.beta[t] = p.beta[gi];
+  }
+#pragma unroll
+  for (int t = 0; t < kDecodeMaxTokens; ++t) {
+    if (t < p.tokens) {
+      if (p.qk_l2norm) {
+        qv[t] = ptx::to_float(ptx::from_float<Element>(qv[t] * rsqrtf(decode_block_sum(qv[t] * qv[t], scratch) + 1e-6f)));
+        kv[t] = ptx::to_float(ptx::from_float<Element>(kv[t] * rsqrtf(decode_block_sum(kv[t] * kv[t], scratch) + 1e-6f)));
+      }
+      tok.q[t][j] = qv[t];
+      tok.k[t][j] = kv[t];
+      tok.v[t][j] = vv[t];
+      if (j == 0) {
+        tok.decay[t] = expf(gv[t]);
+        tok.beta[t] = bv[t];
+      }
     }
   }
   __syncthreads();  // q, k, v, g, beta; the barriers' init
