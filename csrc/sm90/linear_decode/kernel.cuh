@@ -160,7 +160,8 @@ __device__ __forceinline__ void decode_column(State* block, State* state, const 
 }
 
 template <typename Element, typename State>
-__global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const GatedDeltaDecodeParams p) {
+__global__ void __launch_bounds__(kDecodeDim)
+    gated_delta_decode_kernel(const GatedDeltaDecodeParams p) {
   extern __shared__ __align__(128) uint8_t decode_smem[];
   State* block = reinterpret_cast<State*>(decode_smem);  // [k][j]
   __shared__ DecodeTokens tok;
@@ -189,7 +190,8 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
     for (int c = 0; c < kDecodeChunks; ++c) {
       const uint32_t full = ptx::smem_addr(&chunk_full[c]);
       ptx::mbarrier_arrive_expect_tx(full, kChunk * sizeof(State));
-      ptx::bulk_load(ptx::smem_addr(block + c * kChunk), state + c * kChunk, kChunk * sizeof(State), full);
+      ptx::bulk_load(ptx::smem_addr(block + c * kChunk), state + c * kChunk,
+                     kChunk * sizeof(State), full);
     }
   }
   // While the state lands: q and k of every token into shared memory (each thread one dim),
@@ -217,8 +219,10 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
   for (int t = 0; t < kDecodeMaxTokens; ++t) {
     if (t < p.tokens) {
       if (p.qk_l2norm) {
-        qv[t] = ptx::to_float(ptx::from_float<Element>(qv[t] * rsqrtf(decode_block_sum(qv[t] * qv[t], scratch) + 1e-6f)));
-        kv[t] = ptx::to_float(ptx::from_float<Element>(kv[t] * rsqrtf(decode_block_sum(kv[t] * kv[t], scratch) + 1e-6f)));
+        qv[t] = ptx::to_float(ptx::from_float<Element>(
+            qv[t] * rsqrtf(decode_block_sum(qv[t] * qv[t], scratch) + 1e-6f)));
+        kv[t] = ptx::to_float(ptx::from_float<Element>(
+            kv[t] * rsqrtf(decode_block_sum(kv[t] * kv[t], scratch) + 1e-6f)));
       }
       tok.q[t][j] = qv[t];
       tok.k[t][j] = kv[t];
@@ -241,7 +245,9 @@ __global__ void __launch_bounds__(kDecodeDim) gated_delta_decode_kernel(const Ga
   }
 #pragma unroll
   for (int t = 0; t < kDecodeMaxTokens; ++t) {
-    if (t < p.tokens) o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = ptx::from_float<Element>(out[t]);
+    if (t < p.tokens) {
+      o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = ptx::from_float<Element>(out[t]);
+    }
   }
   if (j == 0) ptx::bulk_wait_group_read<0>();  // the shared memory stays until the stores read it
 }

@@ -73,13 +73,12 @@ void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at
                              ? make_tensor_map_bshd(op, pr.compressed, "compressed_kv", T::kBlockN)
                              : tkv;  // not read without HCA rows
   at::Tensor list_tiles;  // CSA lists longer than a tile: the tiles each work tile walks
-  if (s.topk_k > T::kBlockN) {
-    const int64_t work_tiles = plan.tiles;
-    list_tiles = at::empty({work_tiles}, pr.q.options().dtype(at::kInt));
+  if (s.topk_k > T::kBlockN && plan.tiles > 0) {
+    list_tiles = at::empty({plan.tiles}, pr.q.options().dtype(at::kInt));
     p.list_tiles = list_tiles.data_ptr<int>();
-    const auto ctas = static_cast<unsigned>((work_tiles + kListTilesWarps - 1) / kListTilesWarps);
-    mqa512_list_tiles_kernel<<<ctas, 32 * kListTilesWarps, 0, stream>>>(p, list_tiles.data_ptr<int>(),
-                                                                       T::kBlockN);
+    const auto ctas = static_cast<unsigned>((plan.tiles + kListTilesWarps - 1) / kListTilesWarps);
+    mqa512_list_tiles_kernel<<<ctas, 32 * kListTilesWarps, 0, stream>>>(
+        p, list_tiles.data_ptr<int>(), T::kBlockN);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   kernel<<<static_cast<unsigned>(plan.grid), T::kThreads, T::kSmemBytes, stream>>>(tq, tkv, tc, p);

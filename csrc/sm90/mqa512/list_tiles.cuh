@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(32 * kListTilesWarps) mqa512_list_tiles_kernel
     // Slots [most, topk_k) can still raise it; walk them from the end.
     for (int hi = p.topk_k; hi > most; hi -= 32) {
       const int slot = hi - 1 - lane;
-      const uint32_t visible =
-          __ballot_sync(0xffffffff, slot >= most && mqa512_listed_row(listed, p.topk_k, closed, slot) >= 0);
+      const bool seen = slot >= most && mqa512_listed_row(listed, p.topk_k, closed, slot) >= 0;
+      const uint32_t visible = __ballot_sync(0xffffffff, seen);
       if (visible != 0) {
         most = hi - (__ffs(visible) - 1);  // lane 0 holds the highest slot
         break;
