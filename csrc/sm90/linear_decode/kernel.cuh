@@ -159,44 +159,14 @@ __device__ __forceinline__ void decode_column(State* block, State* state, const 
   }
 }
 
-template <typename Element, typename State>
-__global__ void __launch_bounds__(kDecodeDim)
-    gated_delta_decode_kernel(const GatedDeltaDecodeParams p) {
-  extern __shared__ __align__(128) uint8_t decode_smem[];
-  State* block = reinterpret_cast<State*>(decode_smem);  // [k][j]
-  __shared__ DecodeTokens tok;
-  __shared__ float scratch[4];
-  __shared__ alignas(8) uint64_t chunk_full[kDecodeChunks];
-  const int hv = blockIdx.x % p.heads_v, b = blockIdx.x / p.heads_v, j = threadIdx.x;
-  const int h = hv / (p.heads_v / p.heads_qk);
-  int64_t slot = b;
-  if (p.state_indices != nullptr) {
-    slot = p.indices_64 ? static_cast<const int64_t*>(p.state_indices)[b]
-                        : static_cast<const int*>(p.state_indices)[b];
-  }
-  Element* o = static_cast<Element*>(p.o);
-  const int64_t o_row = (int64_t(b) * p.tokens * p.heads_v + hv) * kDecodeDim + j;
-  if (slot < 0 || slot >= p.num_states) {  // skipped: o = 0, the state untouched
-    for (int t = 0; t < p.tokens; ++t) {
-      o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = ptx::from_float<Element>(0.f);
-    }
-    return;
-  }
-  State* state = static_cast<State*>(p.state) + (slot * p.heads_v + hv) * kDecodeStateFloats;
-  if (j == 0) {
-    constexpr uint32_t kChunk = kDecodeChunkRows * kDecodeDim;
-    for (int c = 0; c < kDecodeChunks; ++c) ptx::mbarrier_init(ptx::smem_addr(&chunk_full[c]), 1);
-    ptx::fence_barrier_init();
-    for (int c = 0; c < kDecodeChunks; ++c) {
-      const uint32_t full = ptx::smem_addr(&chunk_full[c]);
-      ptx::mbarrier_arrive_expect_tx(full, kChunk * sizeof(State));
-      ptx::bulk_load(ptx::smem_addr(block + c * kChunk), state + c * kChunk,
-                     kChunk * sizeof(State), full);
-    }
-  }
-  // While the state lands: q and k of every token into shared memory (each thread one dim),
-  // normalized if asked and rounded to their dtype, as the chunk op does; v, g and beta too.
-  // Every token's loads are issued before the first is used: one round trip for any T.
+// Sequence b's tokens into shared memory, thread j one dim: q and k of query/key head h
+// (normalized if asked and rounded to their dtype, as the chunk op does), v of v-head hv, g as
+// its decay and beta. Every token's loads are issued before the first is used: one round trip
+// for any T.
+template <typename Element>
+__device__ __forceinline__ void decode_stage_tokens(const GatedDeltaDecodeParams& p, int b, int h,
+                                                    int hv, DecodeTokens& tok, float* scratch) {
+  const int j = threadIdx.x;
   const Element* q = static_cast<const Element*>(p.q);
   const Element* kp = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
@@ -233,6 +203,44 @@ __global__ void __launch_bounds__(kDecodeDim)
       }
     }
   }
+}
+
+template <typename Element, typename State>
+__global__ void __launch_bounds__(kDecodeDim)
+    gated_delta_decode_kernel(const GatedDeltaDecodeParams p) {
+  extern __shared__ __align__(128) uint8_t decode_smem[];
+  State* block = reinterpret_cast<State*>(decode_smem);  // [k][j]
+  __shared__ DecodeTokens tok;
+  __shared__ float scratch[4];
+  __shared__ alignas(8) uint64_t chunk_full[kDecodeChunks];
+  const int hv = blockIdx.x % p.heads_v, b = blockIdx.x / p.heads_v, j = threadIdx.x;
+  const int h = hv / (p.heads_v / p.heads_qk);
+  int64_t slot = b;
+  if (p.state_indices != nullptr) {
+    slot = p.indices_64 ? static_cast<const int64_t*>(p.state_indices)[b]
+                        : static_cast<const int*>(p.state_indices)[b];
+  }
+  Element* o = static_cast<Element*>(p.o);
+  const int64_t o_row = (int64_t(b) * p.tokens * p.heads_v + hv) * kDecodeDim + j;
+  if (slot < 0 || slot >= p.num_states) {  // skipped: o = 0, the state untouched
+    for (int t = 0; t < p.tokens; ++t) {
+      o[o_row + int64_t(t) * p.heads_v * kDecodeDim] = ptx::from_float<Element>(0.f);
+    }
+    return;
+  }
+  State* state = static_cast<State*>(p.state) + (slot * p.heads_v + hv) * kDecodeStateFloats;
+  if (j == 0) {
+    constexpr uint32_t kChunk = kDecodeChunkRows * kDecodeDim;
+    for (int c = 0; c < kDecodeChunks; ++c) ptx::mbarrier_init(ptx::smem_addr(&chunk_full[c]), 1);
+    ptx::fence_barrier_init();
+    for (int c = 0; c < kDecodeChunks; ++c) {
+      const uint32_t full = ptx::smem_addr(&chunk_full[c]);
+      ptx::mbarrier_arrive_expect_tx(full, kChunk * sizeof(State));
+      ptx::bulk_load(ptx::smem_addr(block + c * kChunk), state + c * kChunk,
+                     kChunk * sizeof(State), full);
+    }
+  }
+  decode_stage_tokens<Element>(p, b, h, hv, tok, scratch);  // while the state lands
   __syncthreads();  // q, k, v, g, beta; the barriers' init
   decode_gram(tok, p.tokens);
   __syncthreads();
