@@ -15,7 +15,9 @@
 #                                             times both builds)
 # FlashAttention-3 joins bench_fmha and bench_dsv4 when .peers/fmha is carried, FlashQLA and fla
 # join bench_chunk when .peers/gla is, FlashMLA joins the tests and bench_dsv4 when .peers/mla is
-# (see ../shared/peers/fetch.sh).
+# (see ../shared/peers/fetch.sh). FlashInfer joins bench_chunk in two calls on one warm machine:
+# `source .peers/fi1/env.sh && scripts/gpu_check.sh --no-bench` with .peers/fi1 carried, then
+# `scripts/gpu_check.sh --no-tests --no-sanitizer` with .peers/fi2 (its env.sh is sourced here).
 # Each bench also writes its status block for benchmarks/RESULTS.md; they are collected in
 # $OUT/status.md, which `python3 benchmarks/update_status.py status.md` puts into RESULTS.md
 # here. The blocks name $DSV4_COMMIT, else the commit git reports here: the GPU machine's copy of
@@ -131,6 +133,7 @@ if [ "$BENCH" = 1 ]; then
   # own reference through fla's Triton kernels, which the model tests must not use.
   [ -f .peers/fmha/env.sh ] && source .peers/fmha/env.sh
   [ -f .peers/gla/env.sh ] && source .peers/gla/env.sh
+  [ -f .peers/fi2/env.sh ] && source .peers/fi2/env.sh  # needs .peers/fi1's half on this machine
   rm -f "$OUT"/status_bench_*.md "$OUT/status.md"
   [ "$FMHA_BENCH" = 1 ] && step bench_fmha bench_fmha.log python3 benchmarks/bench_fmha.py --out "$OUT" \
     --status-out "$OUT/status_bench_fmha.md" "${BENCH_ARGS[@]}"
