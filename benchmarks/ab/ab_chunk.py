@@ -116,7 +116,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("base", nargs="?", help="the base source tree, built in place")
     p.add_argument("variant", nargs="?", help="the variant source tree, built in place")
-    p.add_argument("--rows", default="0,1,2,3,4,5,6", help="indices into bench_chunk.SHAPES")
+    p.add_argument("--rows", default="0,1,2,3,4,5,6,7", help="indices into bench_chunk.SHAPES")
     p.add_argument("--shape", default=None, help="B,T,H,HV instead of --rows (one row)")
     p.add_argument("--ops", default=",".join(OPS), help="gated_delta_rule and/or simple_gla")
     p.add_argument("--passes", type=int, default=2, help="base, variant, base, ... this often")
