@@ -84,36 +84,47 @@ struct Mqa512Consumer {
     return n;
   }
 
-  // Half `half` of S = Q K^T for this consumer's tile (issued, not waited on), each 64-column
+  // The QK^T and P V addressing below takes the consumer index as a template argument (kWg ==
+  // wg): with the runtime index, consumer 1's wgmma descriptors were built in vector registers
+  // and moved to uniform ones (R2UR) for every wgmma. Each descriptor is built once and
+  // advanced by one add (smem_desc_advance).
+
+  // Half kHalfIdx of S = Q K^T for consumer kWg's tile (issued, not waited on), each 64-column
   // block as soon as it has landed (fill parity `phase`).
-  __device__ __forceinline__ void issue_qk_half(int half, bool overwrite, uint32_t phase) {
-    const uint32_t q_base = ptx::smem_addr(&s.q[kHalf * half][0][0]);
-    const uint32_t k_base = ptx::smem_addr(&s.kv[wg][kHalf * half][0][0]);
+  template <int kWg, int kHalfIdx>
+  __device__ __forceinline__ void issue_qk_half(bool overwrite, uint32_t phase) {
+    const uint64_t q_desc =
+        ptx::smem_desc_sw128(ptx::smem_addr(&s.q[kHalf * kHalfIdx][0][0]), 0, 1024);
+    const uint64_t k_desc =
+        ptx::smem_desc_sw128(ptx::smem_addr(&s.kv[kWg][kHalf * kHalfIdx][0][0]), 0, 1024);
 #pragma unroll
     for (int cb = 0; cb < kHalf; ++cb) {
-      ptx::mbarrier_wait(kv_full(wg, kHalf * half + cb), phase);
+      ptx::mbarrier_wait(kv_full(kWg, kHalf * kHalfIdx + cb), phase);
       if (mqa512_gathers(p)) ptx::fence_proxy_async_smem();  // a gathered tile: generic writes
       ptx::wgmma_fence();  // after a spin-wait, or ptxas serializes every wgmma (C7520)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
-        const uint64_t da = ptx::smem_desc_sw128(q_base + cb * T::kBlockM * 128 + kk * 32, 0, 1024);
-        const uint64_t db = ptx::smem_desc_sw128(k_base + cb * kBlockN * 128 + kk * 32, 0, 1024);
+        const uint64_t da = ptx::smem_desc_advance(q_desc, cb * T::kBlockM * 128 + kk * 32);
+        const uint64_t db = ptx::smem_desc_advance(k_desc, cb * kBlockN * 128 + kk * 32);
         ptx::WgmmaSS<kBlockN, Element>::run(sacc, da, db, overwrite && (cb | kk) == 0 ? 0 : 1);
       }
     }
   }
 
-  // O += P V for this consumer's 256 columns of the tile in `stage`, the tile read MN-major
+  // O += P V for consumer kWg's 256 columns of the tile in stage kStage, the tile read MN-major
   // (head_dim contiguous): P from registers (this consumer's tile) or from shared memory (the
   // other consumer's, stored by it).
-  __device__ __forceinline__ uint64_t v_desc(int stage, int t) const {
-    return ptx::smem_desc_sw128(ptx::smem_addr(&s.kv[stage][wg * kHalf][0][0]) + t * 16 * 128,
-                                kBlockN * 128, 1024);
+  template <int kWg, int kStage>
+  __device__ __forceinline__ uint64_t v_desc() const {
+    return ptx::smem_desc_sw128(ptx::smem_addr(&s.kv[kStage][kWg * kHalf][0][0]), kBlockN * 128,
+                                1024);
   }
+  template <int kWg>
   __device__ __forceinline__ void issue_pv_regs() {
+    const uint64_t vd = v_desc<kWg, kWg>();
 #pragma unroll
     for (int t = 0; t < kBlockN / 16; ++t) {
-      ptx::WgmmaRS<256, Element, 1>::run(o, pfrag[t], v_desc(wg, t), 1);
+      ptx::WgmmaRS<256, Element, 1>::run(o, pfrag[t], ptx::smem_desc_advance(vd, t * 16 * 128), 1);
     }
   }
   __device__ __forceinline__ void wait_half(int stage, int half, uint32_t phase) const {
@@ -121,12 +132,14 @@ struct Mqa512Consumer {
     for (int cb = 0; cb < kHalf; ++cb) ptx::mbarrier_wait(kv_full(stage, kHalf * half + cb), phase);
     if (mqa512_gathers(p)) ptx::fence_proxy_async_smem();  // as in issue_qk_half
   }
-  __device__ __forceinline__ void issue_pv_smem(const PTile& pt, int stage) {
-    const uint32_t p_base = ptx::smem_addr(&pt[0][0]);
+  template <int kWg, int kStage>
+  __device__ __forceinline__ void issue_pv_smem(const PTile& pt) {
+    const uint64_t pd = ptx::smem_desc_sw128(ptx::smem_addr(&pt[0][0]), 0, 1024);
+    const uint64_t vd = v_desc<kWg, kStage>();
 #pragma unroll
     for (int t = 0; t < kBlockN / 16; ++t) {
-      const uint64_t da = ptx::smem_desc_sw128(p_base + t * 32, 0, 1024);
-      ptx::WgmmaSS<256, Element, 1>::run(o, da, v_desc(stage, t), 1);
+      ptx::WgmmaSS<256, Element, 1>::run(o, ptx::smem_desc_advance(pd, t * 32),
+                                         ptx::smem_desc_advance(vd, t * 16 * 128), 1);
     }
   }
   // pfrag -> pt, the 128-byte-swizzled K-major layout of a wgmma A operand. Each warp writes
@@ -219,23 +232,23 @@ struct Mqa512Consumer {
   // Q K^T of this consumer's tile r = 2 i + wg (the i-th use of its stage in this work tile) out
   // of the split's n. It multiplies its own half of head_dim first (released by its own P V); in
   // between, `between` runs (consumer 0 releases the other stage there).
-  template <typename Between>
+  template <int kWg, typename Between>
   __device__ __forceinline__ void qk_own(const Mqa512Progress& progress, int r, int n,
                                          Between&& between) {
-    const uint32_t phase = progress.stage(wg, r >> 1);
-    issue_qk_half(wg, true, phase);
+    const uint32_t phase = progress.stage(kWg, r >> 1);
+    issue_qk_half<kWg, kWg>(true, phase);
     ptx::wgmma_commit();
     DSV4_TRACE_STAMP(wg, kTraceQkFirstHalf, tid == 0);
     between();
     DSV4_TRACE_STAMP(wg, kTraceQkBetween, tid == 0);
-    issue_qk_half(1 - wg, false, phase);
+    issue_qk_half<kWg, 1 - kWg>(false, phase);
     ptx::wgmma_commit();
     DSV4_TRACE_STAMP(wg, kTraceQkSecondHalf, tid == 0);
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; ++i) ptx::fence_operand(sacc[i]);
     DSV4_TRACE_STAMP(wg, kTraceQkDone, tid == 0);
-    ptx::mbarrier_arrive(kv_empty(wg, 1 - wg));  // the other half's other reader: the other consumer's P V
+    ptx::mbarrier_arrive(kv_empty(kWg, 1 - kWg));  // the other half's other reader: the other consumer's P V
     if (r + 2 >= n) ptx::mbarrier_arrive(ptx::smem_addr(&s.q_empty));  // last read of Q in this work tile
   }
 
@@ -243,8 +256,10 @@ struct Mqa512Consumer {
   __device__ __forceinline__ void run_keys(const Mqa512Progress& progress, int n) {
     ptx::mbarrier_wait(ptx::smem_addr(&s.q_full), progress.q());
     DSV4_TRACE_STAMP(wg, kTraceQFull, tid == 0);
-    if (wg < n) {
-      qk_own(progress, wg, n, [] {});
+    if (wg == 0) {
+      qk_own<0>(progress, 0, n, [] {});  // n > 0
+    } else if (n > 1) {
+      qk_own<1>(progress, 1, n, [] {});
     } else {
       ptx::mbarrier_arrive(ptx::smem_addr(&s.q_empty));  // consumer 1 of a one-tile work tile reads no Q
     }
@@ -285,7 +300,7 @@ struct Mqa512Consumer {
     ptx::named_barrier_sync(kPOwn0Ready, 128);
     DSV4_TRACE_STAMP(0, kTrace0POwnStored, tid == 0);
     ptx::wgmma_fence();
-    issue_pv_smem(s.p_own0, 0);
+    issue_pv_smem<0, 0>(s.p_own0);
     ptx::wgmma_commit();
     // 3. While that P V runs: the pair's max from consumer 1, P rescaled to it and handed over
     //    (consumer 1's P V with it is the longest chain of the pair), then O rescaled once the
@@ -318,7 +333,7 @@ struct Mqa512Consumer {
       DSV4_TRACE_STAMP(0, kTrace0P1Ready, tid == 0);
       wait_half(1, 0, phase1);
       ptx::wgmma_fence();
-      issue_pv_smem(s.p[1], 1);
+      issue_pv_smem<0, 1>(s.p[1]);
       ptx::wgmma_commit();
       DSV4_TRACE_STAMP(0, kTrace0PvOtherIssued, tid == 0);
     }
@@ -331,7 +346,7 @@ struct Mqa512Consumer {
     };
     // 5. S of the next own tile; the P V above finishes behind its first half.
     if (2 * pair + 2 < n) {
-      qk_own(progress, 2 * pair + 2, n, release_odd);
+      qk_own<0>(progress, 2 * pair + 2, n, release_odd);
     } else {
       ptx::wgmma_wait<0>();
       if (has_odd) ptx::mbarrier_arrive(kv_empty(1, 0));
@@ -374,7 +389,7 @@ struct Mqa512Consumer {
       ptx::mbarrier_arrive(ptx::smem_addr(&s.handoff[kP1Ready]));
       DSV4_TRACE_STAMP(1, kTrace1PPublished, tid == 0);
       ptx::wgmma_fence();
-      issue_pv_regs();
+      issue_pv_regs<1>();
       ptx::wgmma_commit();
     }
 #pragma unroll
@@ -384,7 +399,7 @@ struct Mqa512Consumer {
     DSV4_TRACE_STAMP(1, kTrace1P0Ready, tid == 0);
     wait_half(0, 1, phase0);
     ptx::wgmma_fence();
-    issue_pv_smem(s.p[0], 0);
+    issue_pv_smem<1, 0>(s.p[0]);
     ptx::wgmma_commit();
     DSV4_TRACE_STAMP(1, kTrace1PvOtherIssued, tid == 0);
     ptx::wgmma_wait<1>();  // the own P V, if any (unconditional: see consumer0_pair)
@@ -396,7 +411,7 @@ struct Mqa512Consumer {
     ptx::mbarrier_arrive(kv_empty(0, 1));
     DSV4_TRACE_STAMP(1, kTrace1KvReleased, tid == 0);
     // 4. S of the next own tile.
-    if (2 * pair + 3 < n) qk_own(progress, 2 * pair + 3, n, [] {});
+    if (2 * pair + 3 < n) qk_own<1>(progress, 2 * pair + 3, n, [] {});
   }
 };
 
