@@ -291,7 +291,9 @@ struct Mqa512Consumer {
     exp2_scores<kBlockN>(sacc, p.scale_log2, base, sum);
 #pragma unroll
     for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * factor[i] + sum[i];
-    rescale_rows_unless_one<256>(o, factor);
+    // O is zero until the first P V: the first pair's factor (0, from the -inf start) would
+    // defeat the all-ones test for nothing.
+    if (pair > 0) rescale_rows_unless_one<256>(o, factor);
     // 2. O += P V for the own tile, with P through shared memory: keeping the fp32 P (rescaled
     //    below) and its A fragment in registers during this wgmma spilled.
     scores_to_a_fragment<Element, kBlockN>(sacc, pfrag);
@@ -378,7 +380,7 @@ struct Mqa512Consumer {
     publish(s.row_max[1], m_new, kMax1Ready);
     DSV4_TRACE_STAMP(1, kTrace1MaxPublished, tid == 0);
     adopt_max(m_new, base, factor);
-    rescale_rows_unless_one<256>(o, factor);
+    if (pair > 0) rescale_rows_unless_one<256>(o, factor);  // O is zero until the first P V
     sum[0] = sum[1] = 0.f;
     // 2. Exponentiate, hand P over, O += P V for the own tile.
     if (has_odd) {
