@@ -20,6 +20,18 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src,
                : "memory");
 }
 
+// The same for a list entry `listed`: 16 zero bytes where it is negative (ignore-src, nothing
+// read). The sign test is the copy's predicate: a src-size of 16 or 0 cost three instructions.
+__device__ __forceinline__ void cp_async_16_unless_negative(uint32_t dst, const void* src,
+                                                            int listed) {
+  asm volatile(
+      "{\n\t.reg .pred ignore;\n\t"
+      "setp.lt.s32 ignore, %2, 0;\n\t"
+      "cp.async.cg.shared.global [%0], [%1], 16, ignore;\n\t}" ::"r"(dst),
+      "l"(src), "r"(listed)
+      : "memory");
+}
+
 // cp.async.wait_all: this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");

@@ -125,7 +125,7 @@ struct Mqa512Producer {
       if (gathered) {
         // Compressed tile r - kv_tiles is a tile of token `token`'s list.
         const int c_tile = r - kv_tiles;
-        token = c_tile / seg.c_per_token;
+        token = p.tile_tokens == 1 ? 0 : c_tile / seg.c_per_token;  // 64+ heads: one token
         const int slot0 = (c_tile - token * seg.c_per_token) * kBlockN + lane;
         const int* listed = p.topk + static_cast<int64_t>(list_row0 + token) * p.topk_k;
         const int closed = __shfl_sync(0xffffffff, closed_lane, token);
@@ -397,9 +397,9 @@ struct Mqa512Producer {
       const char* src =
           src_base + static_cast<uint64_t>(static_cast<uint32_t>(max(src_row, 0))) * row_bytes;
       const uint32_t dst = (dst0 ^ (i % 2 ? 64u : 0u)) + 4 * 128 * i;
-      ptx::cp_async_16_zfill(dst, src, src_row >= 0);
-      ptx::cp_async_16_zfill(dst + 2 * kBlockN * 128, src + 2 * 64 * sizeof(Element),
-                             src_row >= 0);
+      ptx::cp_async_16_unless_negative(dst, src, src_row);
+      ptx::cp_async_16_unless_negative(dst + 2 * kBlockN * 128, src + 2 * 64 * sizeof(Element),
+                                       src_row);
     }
     // The blocks complete as the copies land, without waiting here, so the next half's copies
     // go out at once: every lane holds both blocks' phases open until its own copies have
