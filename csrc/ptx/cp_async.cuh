@@ -32,6 +32,11 @@ __device__ __forceinline__ void cp_async_16_unless_negative(uint32_t dst, const 
       : "memory");
 }
 
+// prefetch.global.L2: the 128-byte line holding `src` on its way into L2, nothing to wait for.
+__device__ __forceinline__ void prefetch_l2_line(const void* src) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<uint64_t>(src)) : "memory");
+}
+
 // cp.async.wait_all: this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");

@@ -36,14 +36,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
       : "memory");
 }
 
-// cp.async.bulk.prefetch.L2: bring `bytes` contiguous bytes (a multiple of 16, the address
-// 16-byte aligned) into L2, asynchronously, with no completion to wait for.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(src)),
-               "r"(bytes)
-               : "memory");
-}
-
 // cp.async.bulk (no tensor map), shared -> global: copy `bytes` contiguous bytes (a multiple of
 // 16, both addresses 16-byte aligned), tracked by this thread's bulk groups. The writers of
 // `src` fence the proxies (fence_proxy_async_smem) before it is issued.

@@ -221,16 +221,19 @@ struct Mqa512Producer {
     }
   }
 
-  // An L2 prefetch of slot `slot`'s record in list kList: its data row, and the 16 bytes
-  // around its scale row (-1: nothing).
+  // An L2 prefetch of slot `slot`'s record in list kList: the five 128-byte lines of its data
+  // row (576 bytes from a 64-byte boundary), and its scale row's line (-1: nothing). Per-lane
+  // line prefetches: a bulk prefetch takes uniform operands, and ptxas issued one lane's at a
+  // time (~900 instructions a tile).
   template <int kList>
   __device__ __forceinline__ void prefetch_records(int slot) const {
     if (slot < 0) return;
     const Mqa512PagedList& l = p.page_list[kList];
     const int r = slot & ((1 << l.page_shift) - 1);
     const uint8_t* block = l.base + static_cast<int64_t>(slot >> l.page_shift) * l.block_stride;
-    ptx::bulk_prefetch_l2(block + r * kKvDataBytes, kKvDataBytes);
-    ptx::bulk_prefetch_l2(block + (kKvDataBytes << l.page_shift) + (r * kKvScaleBytes & ~15), 16);
+#pragma unroll
+    for (int b = 0; b < kKvDataBytes; b += 128) ptx::prefetch_l2_line(block + r * kKvDataBytes + b);
+    ptx::prefetch_l2_line(block + (kKvDataBytes << l.page_shift) + r * kKvScaleBytes);
   }
 
   // Key tile c_tile of the work tile (no kv tiles: every tile is a listed one): its token, its
@@ -238,7 +241,7 @@ struct Mqa512Producer {
   __device__ __forceinline__ void paged_tile_slots(const Mqa512WorkTile& w,
                                                    const Mqa512KeySegments& seg, int c_tile,
                                                    int& lo, int& hi, int& token, int& list) const {
-    token = c_tile / seg.c_per_token;
+    token = p.tile_tokens == 1 ? 0 : c_tile / seg.c_per_token;  // 64+ heads: one token
     const int j = c_tile - token * seg.c_per_token;
     const int row = w.tok0 + token;  // a paged call is one batch: token t's lists are row t's
     list = j < p.page_list[0].tiles ? 0 : 1;
