@@ -18,7 +18,7 @@
 
 namespace dsv4 {
 
-template <typename Element>
+template <typename Element, bool kPaged>
 struct Mqa512Consumer {
   using T = Mqa512Sm90Traits<Element>;
   static constexpr int kBlockN = T::kBlockN, kHalf = T::kHalfBlocks;
@@ -62,6 +62,12 @@ struct Mqa512Consumer {
   __device__ __forceinline__ void wait_handoff(int handoff, uint32_t phase) const {
     ptx::mbarrier_wait(ptx::smem_addr(&s.handoff[handoff]), phase);
   }
+  // A CSA tile's cp.async writes (generic proxy) complete on the barrier with no thread after
+  // them, so its readers fence the proxies before their wgmmas; a paged tile's producer lanes
+  // fence after their own writes, before the arrival.
+  __device__ __forceinline__ bool fence_after_wait() const {
+    return !kPaged && mqa512_gathers(p);
+  }
 
   // This warp's copy of the work tile the producer published, 16 bytes per lane; each copying
   // lane releases the ring slot itself. Then O and the softmax state start over. Returns the
@@ -100,7 +106,7 @@ struct Mqa512Consumer {
 #pragma unroll
     for (int cb = 0; cb < kHalf; ++cb) {
       ptx::mbarrier_wait(kv_full(kWg, kHalf * kHalfIdx + cb), phase);
-      if (mqa512_gathers(p)) ptx::fence_proxy_async_smem();  // a gathered tile: generic writes
+      if (fence_after_wait()) ptx::fence_proxy_async_smem();
       ptx::wgmma_fence();  // after a spin-wait, or ptxas serializes every wgmma (C7520)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
@@ -130,7 +136,7 @@ struct Mqa512Consumer {
   __device__ __forceinline__ void wait_half(int stage, int half, uint32_t phase) const {
 #pragma unroll
     for (int cb = 0; cb < kHalf; ++cb) ptx::mbarrier_wait(kv_full(stage, kHalf * half + cb), phase);
-    if (mqa512_gathers(p)) ptx::fence_proxy_async_smem();  // as in issue_qk_half
+    if (fence_after_wait()) ptx::fence_proxy_async_smem();
   }
   template <int kWg, int kStage>
   __device__ __forceinline__ void issue_pv_smem(const PTile& pt) {

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   }
 
   ptx::setmaxnreg_inc<kPaged ? T::kPagedConsumerRegs : T::kConsumerRegs>();
-  Mqa512Consumer<Element> consumer{s, p, static_cast<int>(threadIdx.x / 128) - 1};
+  Mqa512Consumer<Element, kPaged> consumer{s, p, static_cast<int>(threadIdx.x / 128) - 1};
   for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;  // as in the producer
        progress.next_work(ptx::grid_ctas())) {
     const int n = consumer.take_tile(progress);  // this split's key tiles

@@ -9,6 +9,7 @@
 
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
 #include "sm90/kv_cache/dequant.cuh"
 #include "sm90/mqa512/traits.h"
@@ -269,8 +270,8 @@ struct Mqa512Producer {
   // for its own and the warp syncs (a row's scale word is one lane's copy). Then each lane
   // converts what it copied: fp8 bytes from staging in the block's own upper 4 KB to bf16 (or
   // fp16) in place; the bf16 tail (block 7) was copied straight to its place (converted there
-  // for fp16). After a warp sync lane 0 gives each block's one arrival; the consumers fence
-  // the proxies before their wgmmas read it.
+  // for fp16). Each lane fences the proxies after its writes, and after a warp sync lane 0
+  // gives each block's one arrival.
   template <int kList>
   __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
     const int cb0 = kHalf * half + sub;
@@ -292,6 +293,7 @@ struct Mqa512Producer {
       } else {
         convert_paged_fp8(cb, b);
       }
+      ptx::fence_proxy_async_smem();  // this lane's writes (stores and waited copies) to wgmma
       __syncwarp();  // every lane's stores of the block before lane 0's arrival
       if (lane == 0) ptx::mbarrier_arrive(kv_full(stage, cb));
     }
