@@ -275,13 +275,11 @@ struct Mqa512Producer {
   template <int kList>
   __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
     const int cb0 = kHalf * half + sub;
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      if (cb0 + 2 * b == kKvTiles) {
-        issue_paged_tail<kList>(cb0 + 2 * b, listed_lo, listed_hi);
-      } else {
-        issue_paged_fp8<kList>(cb0 + 2 * b, b, listed_lo, listed_hi);
-      }
+    if (cb0 + 2 == kKvTiles) {  // this warp's second block is the bf16 tail
+      issue_paged_fp8<kList, 1>(cb0, listed_lo, listed_hi);
+      issue_paged_tail<kList>(cb0 + 2, listed_lo, listed_hi);
+    } else {
+      issue_paged_fp8<kList, 2>(cb0, listed_lo, listed_hi);
     }
     ptx::cp_async_wait_all();
     __syncwarp();  // a row's scale word was copied by its part-0 lane, and all four read it
@@ -291,7 +289,7 @@ struct Mqa512Producer {
       if (cb == kKvTiles) {
         convert_paged_tail(cb);
       } else {
-        convert_paged_fp8(cb, b);
+        convert_paged_fp8(cb);
       }
       ptx::fence_proxy_async_smem();  // this lane's writes (stores and waited copies) to wgmma
       __syncwarp();  // every lane's stores of the block before lane 0's arrival
@@ -299,15 +297,15 @@ struct Mqa512Producer {
     }
   }
 
-  // Block cb's fp8 bytes, row r at byte 4096 + 64 r of the block (lane 4 q + part copies 16
-  // bytes of rows q + 8 i), and each row's scale word (the 4 bytes holding tile cb's byte) into
-  // paged_scale[stage][sub][b].
-  template <int kList>
-  __device__ __forceinline__ void issue_paged_fp8(int cb, int b, int listed_lo,
-                                                  int listed_hi) const {
+  // The fp8 bytes of kBlocks blocks cb0 (and cb0 + 2), row r at byte 4096 + 64 r of each block
+  // (lane 4 q + part copies 16 bytes of rows q + 8 i), all from one record address a row; and
+  // each row's scale word (the 4 bytes holding tile cb0's byte, and cb0 + 2's) into
+  // paged_scale[stage][sub].
+  template <int kList, int kBlocks>
+  __device__ __forceinline__ void issue_paged_fp8(int cb0, int listed_lo, int listed_hi) const {
     const Mqa512PagedList& l = p.page_list[kList];
     const int part = lane % 4, row_sub = lane / 4;
-    const uint32_t staging = ptx::smem_addr(&s.kv[stage][cb][0][0]) + kPagedStagingOffset;
+    const uint32_t staging = ptx::smem_addr(&s.kv[stage][cb0][0][0]) + kPagedStagingOffset;
 #pragma unroll 2  // cp.async holds no registers: a rolled loop keeps them all in flight
     for (int i = 0; i < kBlockN / 8; ++i) {
       const int row = row_sub + 8 * i;
@@ -315,13 +313,16 @@ struct Mqa512Producer {
       const int safe = max(slot, 0);
       const int r = safe & ((1 << l.page_shift) - 1);
       const uint8_t* block = l.base + static_cast<int64_t>(safe >> l.page_shift) * l.block_stride;
-      const uint8_t* record = block + r * kKvDataBytes;
-      ptx::cp_async_16_zfill(staging + row * 64 + part * 16, record + cb * 64 + part * 16,
-                             slot >= 0);
+      const uint8_t* src = block + r * kKvDataBytes + cb0 * 64 + part * 16;
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {  // block cb0 + 2 b: 2 x 8 KB further in the stage
+        ptx::cp_async_16_zfill(staging + 2 * b * T::kBlockBytes + row * 64 + part * 16,
+                               src + 2 * b * 64, slot >= 0);
+      }
       if (part == 0) {
         const uint8_t* scales = block + (kKvDataBytes << l.page_shift) + r * kKvScaleBytes;
-        ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][sub][b][row]),
-                              scales + (cb & ~3), slot >= 0);
+        ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][sub][row]),
+                              scales + (cb0 & ~3), slot >= 0);
       }
     }
   }
@@ -351,7 +352,7 @@ struct Mqa512Producer {
   // (2 part) ^ q and (2 part + 1) ^ q. A step's stores may overwrite staged rows of the same
   // step (row 56 + q's output covers staged rows 48-63), so the warp syncs between its loads
   // and its stores.
-  __device__ __forceinline__ void convert_paged_fp8(int cb, int b) const {
+  __device__ __forceinline__ void convert_paged_fp8(int cb) const {
     const int part = lane % 4, row_sub = lane / 4;
     char* tile = reinterpret_cast<char*>(&s.kv[stage][cb][0][0]);
 #pragma unroll
@@ -359,7 +360,7 @@ struct Mqa512Producer {
       const int row = row_sub + 8 * i;
       const uint4 raw =
           *reinterpret_cast<const uint4*>(tile + kPagedStagingOffset + row * 64 + part * 16);
-      const uint32_t word = s.paged_scale[stage][sub][b][row];
+      const uint32_t word = s.paged_scale[stage][sub][row];  // cb and cb0 share the word
       __syncwarp();
       uint4 out[2];
       kv_dequant16<Element>(raw, kv_scale_of(static_cast<uint8_t>(word >> (8 * (cb % 4)))), out);

@@ -118,9 +118,9 @@ struct Mqa512Sm90Traits {
     // [stage]: a CSA tile's visible slots (key rows 0-31, 32-63) and the token of the work tile
     // whose list it holds (one 16-byte read for the consumer's mask).
     alignas(16) uint32_t csa_slots[2][4];
-    // Paged: [stage][producer warp of the stage][its block of the half][key row]: the scale
-    // word (the 4 bytes holding the block's UE8M0 byte) of each gathered row.
-    uint32_t paged_scale[2][2][2][kBlockN];
+    // Paged: [stage][producer warp of the stage][key row]: the scale word of each gathered row
+    // (the 4 bytes holding the UE8M0 bytes of both of the warp's blocks in a half).
+    uint32_t paged_scale[2][2][kBlockN];
     uint64_t q_full, q_empty;
     uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
     uint64_t kv_empty[2][2];          // [stage][half of head_dim]
