@@ -2,6 +2,7 @@
 events (A = consumer 0, B = consumer 1) and the producers' empty-barrier waits and box issues.
     python3 analyze.py trace.txt          # one pair's timeline
     python3 analyze.py trace.txt tiles    # per work tile (the persistent grid)
+    python3 analyze.py trace.txt paged [until]  # bin/paged_trace: every event in time order
 bin/trace prints `E slot point cycles` lines (harness.cu, csrc/sm90/shared/trace.cuh). The
 mqa512 family's slots: 0 and 1 the consumer warpgroups (A, B), 2-5 the producer warps 0-3.
 Its points: consumer 1, 2, 10-17, 20-23, 30-38, 40, 41 (`names` below and the tiles mode),
@@ -25,6 +26,22 @@ def pairs(slot, start):
             cur = {}; out.append(cur)
         if cur is not None and i not in cur: cur[i] = t
     return out
+if len(sys.argv) > 2 and sys.argv[2] == 'paged':
+    # bin/paged_trace: every event of the traced CTA in time order (cycles from its first), the
+    # producer warps' per half (empty wait passed, copies issued, landed, converted) and the
+    # consumers' Q K^T and pair steps, until the given cycle (argv[3], default 60000).
+    until = int(sys.argv[3]) if len(sys.argv) > 3 else 60000
+    def what(slot, i):
+        if slot in PRODUCERS:
+            kinds = {0: 'empty ok', 4: 'issued', 50: 'landed', 54: 'converted'}
+            for base, name in kinds.items():
+                if base <= i < base + 4:
+                    return f"P{slot - 2} {name} stage {(i - base) // 2} half {(i - base) % 2}"
+            return f"P{slot - 2} " + {8: 'Q issued', 9: 'Q buffer free'}.get(i, str(i))
+        return f"{'AB'[slot]} " + str(names.get(i, {1: 'tile start', 2: 'Q landed', 41: 'stored'}.get(i, i)))
+    rows = sorted((t, what(slot, i)) for slot in ev for i, t in ev[slot] if t <= until)
+    for t, w in rows: print(f"{t:8d} {w}")
+    sys.exit(0)
 if len(sys.argv) > 2 and sys.argv[2] == 'tiles':
     # Per work tile of the traced CTA (consumer 0's events 1 = tile start, 2 = Q landed, 23 = a Q K^T
     # done, 40 = row sums swapped, 41 = epilogue done; the producer's 9 = Q buffer free,

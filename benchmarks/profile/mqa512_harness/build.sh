@@ -11,6 +11,8 @@
 #     -> one work tile's timeline on the persistent grid
 #   (bin/trace traces CTA 0; DSV4_TRACE_CTA=N bin/trace ... traces CTA N)
 #   bin/gather_bench   -> the CSA gather's cp.async rate, alone (gather_bench.cu)
+#   bin/paged_bench 64 64 hca; bin/paged_trace 64 64 hca > t.txt; python3 analyze.py t.txt paged
+#     -> dsv4_attention_paged's decode kernel alone, and one CTA's timeline (paged.cu)
 set -e
 cd "$(dirname "$0")"
 mkdir -p bin
@@ -20,6 +22,8 @@ pids=()
 nvcc $F harness.cu -o bin/bench & pids+=($!)
 nvcc $F gather_bench.cu -o bin/gather_bench & pids+=($!)
 nvcc $F -DDSV4_TRACE harness.cu -o bin/trace & pids+=($!)
+nvcc $F paged.cu -o bin/paged_bench & pids+=($!)
+nvcc $F -DDSV4_TRACE paged.cu -o bin/paged_trace & pids+=($!)
 rc=0
 for pid in "${pids[@]}"; do wait "$pid" || rc=1; done  # a plain `wait` hides a failed build
 exit $rc

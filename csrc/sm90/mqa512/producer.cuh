@@ -195,6 +195,7 @@ struct Mqa512Producer {
       for (int k = 0; k < 2; ++k) {  // the consumer's own half first, as in load_key_tiles
         const int half = stage ^ k;
         ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage][half]), phase ^ 1);
+        DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvEmptyWait + stage * 2 + half, lane == 0);
         if (k == 0 && sub == 0 && lane == 0) {
           *reinterpret_cast<uint4*>(&s.csa_slots[stage][0]) =
               make_uint4(valid_lo, valid_hi, uint32_t(token), 0u);
@@ -281,8 +282,10 @@ struct Mqa512Producer {
     } else {
       issue_paged_fp8<kList, 2>(cb0, listed_lo, listed_hi);
     }
+    DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, lane == 0);
     ptx::cp_async_wait_all();
     __syncwarp();  // a row's scale word was copied by its part-0 lane, and all four read it
+    DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTracePagedLanded + stage * 2 + half, lane == 0);
 #pragma unroll 1
     for (int b = 0; b < 2; ++b) {
       const int cb = cb0 + 2 * b;
@@ -295,6 +298,7 @@ struct Mqa512Producer {
       __syncwarp();  // every lane's stores of the block before lane 0's arrival
       if (lane == 0) ptx::mbarrier_arrive(kv_full(stage, cb));
     }
+    DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTracePagedConverted + stage * 2 + half, lane == 0);
   }
 
   // The fp8 bytes of kBlocks blocks cb0 (and cb0 + 2), row r at byte 4096 + 64 r of each block

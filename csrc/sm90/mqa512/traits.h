@@ -178,6 +178,10 @@ enum Mqa512TracePoint : int {
   kTraceKvIssued = 4,
   kTraceQIssued = 8,
   kTraceQEmptyWait = 9,
+  // paged producer warps: its copies of half h of stage s landed (50 + 2s + h), its blocks
+  // converted and arrived (54 + 2s + h)
+  kTracePagedLanded = 50,
+  kTracePagedConverted = 54,
   // consumers: the work tile taken, Q landed
   kTraceTileStart = 1,
   kTraceQFull = 2,

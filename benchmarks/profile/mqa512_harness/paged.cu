@@ -1,0 +1,229 @@
+// Timing and trace harness for the paged instantiation of mqa512_sm90_kernel without torch
+// (build.sh): dsv4_attention_paged's decode step, B requests of one query token each, over
+// random FP8 records (sm90/kv_cache/format.h) at scattered slots. The window list has 128 slots
+// (pages of 64); `kind` adds a compressed list: csa512 / csa1024 (the top-K of a 4x compressed
+// cache at `context` tokens, pages of 64) or hca (every closed row of a 128x one, pages of 2).
+//   bin/paged_bench B Hq kind [context 32768] [splits 0: planned] [reps 50]
+//     -> the main kernel's median µs (no combine kernel: with splits > 1 its partials are
+//        written and not combined)
+//   bin/paged_trace B Hq kind [context] [splits] > t.txt; python3 analyze.py t.txt paged
+//     -> CTA 0's producer and consumer events, tile by tile (DSV4_TRACE_CTA=N: CTA N)
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "sm90/shared/trace.cuh"
+#include "sm90/kv_cache/format.h"
+#include "sm90/mqa512/kernel.cuh"
+#include "sm90/mqa512/plan.h"
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e = (x);                                                               \
+    if (e != cudaSuccess) {                                                            \
+      printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e));              \
+      exit(1);                                                                         \
+    }                                                                                  \
+  } while (0)
+using namespace dsv4;
+
+// Random bytes with bit 6 clear: every fp8 value and the bf16 tail's high bytes stay below 2 in
+// magnitude (no inf or NaN); then every scale row holds 2^0 (127) for its seven tiles.
+__global__ void fill_cache(uint8_t* base, long long blocks, int rows, long long stride, unsigned seed) {
+  const long long n = blocks * stride;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    unsigned x = (unsigned)(i * 2654435761u) ^ seed;
+    x ^= x >> 13; x *= 0x5bd1e995; x ^= x >> 15;
+    const long long r = i % stride;
+    uint8_t v = (uint8_t)(x & 0xbf);
+    if (r >= (long long)rows * kKvDataBytes) {  // a scale row
+      const int b = (int)((r - (long long)rows * kKvDataBytes) % kKvScaleBytes);
+      v = b < kKvTiles ? 127 : 0;
+    }
+    base[i] = v;
+  }
+}
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    unsigned x = (unsigned)(i * 2654435761u) ^ seed; x ^= x >> 13; x *= 0x5bd1e995; x ^= x >> 15;
+    p[i] = __float2bfloat16(((x & 0xffff) / 65536.f - 0.5f) * 3.4f);
+  }
+}
+static PFN_cuTensorMapEncodeTiled_v12000 enc() {
+  void* ptr = nullptr; cudaDriverEntryPointQueryResult st;
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &st));
+  return (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+}
+// q (1, T, H, 512) contiguous, boxes of (64 dims, tokens, heads).
+static CUtensorMap tmap_q(void* base, long t, long h, unsigned box_tokens, unsigned box_heads) {
+  cuuint64_t dims[4] = {512, (cuuint64_t)t, (cuuint64_t)h, 1};
+  cuuint64_t strides[3] = {(cuuint64_t)(h * 512 * 2), 1024, (cuuint64_t)(t * h * 512 * 2)};
+  cuuint32_t box[4] = {64, box_tokens, box_heads, 1}, es[4] = {1, 1, 1, 1};
+  CUtensorMap m;
+  CUresult r = enc()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) { printf("encode failed %d\n", r); exit(1); }
+  return m;
+}
+// A cache of at least `slots` rows in pages of `rows`, and its list for the kernel.
+struct Cache {
+  uint8_t* base = nullptr;
+  long long blocks = 0, stride = 0;
+  int rows = 0;
+  Cache(long long slots, int page_rows, unsigned seed) : rows(page_rows) {
+    blocks = (slots + rows - 1) / rows;
+    stride = ((long long)rows * kKvRecordBytes + kKvDataBytes - 1) / kKvDataBytes * kKvDataBytes;
+    CK(cudaMalloc(&base, blocks * stride));
+    fill_cache<<<1024, 256>>>(base, blocks, rows, stride, seed);
+    CK(cudaGetLastError());
+  }
+  Mqa512PagedList list(const int* slots, int len) const {
+    Mqa512PagedList l{};
+    l.base = base; l.slots = slots; l.lengths = nullptr; l.block_stride = stride; l.len = len;
+    l.tiles = (len + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile;
+    while ((1 << l.page_shift) < rows) ++l.page_shift;
+    l.capacity = (int)(blocks * rows);
+    return l;
+  }
+};
+static int* upload(const std::vector<int>& v) {
+  int* d; CK(cudaMalloc(&d, v.size() * 4));
+  CK(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+#ifdef DSV4_TRACE
+static void print_trace(int cta) {
+  const size_t n_ev = size_t(trace::kMaxSlots) * trace::kCapacity;
+  std::vector<unsigned long long> h(n_ev);
+  unsigned long long* events = nullptr;
+  CK(cudaMemcpyFromSymbol(&events, trace::g_events, sizeof(events)));
+  int n[trace::kMaxSlots];
+  CK(cudaMemcpy(h.data(), events, n_ev * 8, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpyFromSymbol(n, trace::g_counts, sizeof(n)));
+  unsigned long long t0 = ~0ull;
+  for (int s = 0; s < trace::kMaxSlots; ++s)
+    for (int i = 0; i < std::min(n[s], trace::kCapacity); ++i)
+      t0 = std::min(t0, h[s * trace::kCapacity + i] & trace::kClockMask);
+  printf("# trace of CTA %d: E slot point cycles\n", cta);
+  for (int s = 0; s < trace::kMaxSlots; ++s)
+    for (int i = 0; i < std::min(n[s], trace::kCapacity); ++i) {
+      const unsigned long long v = h[s * trace::kCapacity + i];
+      printf("E %d %d %llu\n", s, (int)(v >> 48), (v & trace::kClockMask) - t0);
+    }
+}
+#endif
+int main(int argc, char** argv) {
+  if (argc < 4) { printf("usage: %s B Hq window|csa512|csa1024|hca [context] [splits] [reps]\n", argv[0]); return 2; }
+  const int B = atoi(argv[1]), H = atoi(argv[2]);
+  const char* kind = argv[3];
+  const int context = argc > 4 ? atoi(argv[4]) : 32768, splits = argc > 5 ? atoi(argv[5]) : 0;
+  const int reps = argc > 6 ? atoi(argv[6]) : 50;
+  constexpr int kWindow = 128;
+  const bool csa = !strncmp(kind, "csa", 3), hca = !strcmp(kind, "hca");
+  if (!csa && !hca && strcmp(kind, "window")) { printf("unknown kind %s\n", kind); return 2; }
+  // The window: slot lists over a permutation of B * 128 slots (pages of 64).
+  Cache window(B * kWindow, 64, 1);
+  std::vector<int> ws(B * kWindow);
+  for (int i = 0; i < B * kWindow; ++i) ws[i] = (int)((i * 40503L + 17) % (B * kWindow));
+  const int* d_ws = upload(ws);
+  // The compressed list: CSA's K of token b's closed rows (distinct, scattered), HCA's all.
+  const int closed = csa ? context / 4 : context / 128;
+  const int k = csa ? atoi(kind + 3) : closed;
+  Cache* comp = nullptr;
+  const int* d_cs = nullptr;
+  if (csa || hca) {
+    comp = new Cache((long long)B * closed, csa ? 64 : 2, 2);
+    std::vector<int> cs((size_t)B * k);
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < k; ++j)
+        cs[(size_t)b * k + j] = b * closed + (csa ? (int)((b * 7919L + j * 104729L) % closed) : j);
+    d_cs = upload(cs);
+  }
+  Mqa512Shape s;
+  s.batch = 1; s.seqlen_q = s.seqlen_k = s.longest_k = B; s.heads_q = H; s.heads_kv = 1;
+  s.scale = 1.0 / std::sqrt(512.0); s.use_kv = false;
+  s.paged_tiles = (kWindow + 63) / 64 + (comp ? (k + 63) / 64 : 0);
+  Overrides overrides;
+  overrides.split_kv = splits;
+  int num_sms = 0;
+  CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+  const Mqa512Plan plan = mqa512_plan_launch(s, num_sms, overrides);
+  Mqa512Sm90Params p = mqa512_params(s, plan);
+  __nv_bfloat16 *q, *out; float *lse, *sinks, *partial = nullptr;
+  const size_t nq = (size_t)B * H * 512;
+  CK(cudaMalloc(&q, nq * 2)); CK(cudaMalloc(&out, nq * 2)); CK(cudaMalloc(&lse, (size_t)B * H * 4));
+  CK(cudaMalloc(&sinks, H * 4)); CK(cudaMemset(sinks, 0, H * 4));
+  fill_bf16<<<1024, 256>>>(q, nq, 3); CK(cudaGetLastError());
+  p.out = out; p.lse = lse; p.sinks = sinks;
+  p.page_list[0] = window.list(d_ws, kWindow);
+  if (comp) p.page_list[1] = comp->list(d_cs, k);
+  if (p.num_splits > 1) {
+    const size_t rows = (size_t)B * H;
+    CK(cudaMalloc(&partial, p.num_splits * rows * (512 + 1) * 4));
+    p.o_partial = partial; p.lse_partial = partial + p.num_splits * rows * 512;
+  }
+  const CUtensorMap tq = tmap_q(q, B, H, p.tile_tokens, p.tile_heads);
+  using T = Mqa512Sm90Traits<__nv_bfloat16>;
+  auto kernel = mqa512_sm90_kernel<__nv_bfloat16, true>;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
+  const int grid = (int)plan.grid;
+  printf("# B=%d Hq=%d %s context=%d: %lld work tiles x %d splits, grid %d, %lld key tiles a token\n",
+         B, H, kind, context, (long long)plan.tiles, p.num_splits, grid, (long long)s.paged_tiles);
+#ifdef DSV4_TRACE
+  const int cta = getenv("DSV4_TRACE_CTA") ? atoi(getenv("DSV4_TRACE_CTA")) : 0;
+  unsigned long long* events;
+  const size_t n_ev = size_t(trace::kMaxSlots) * trace::kCapacity;
+  CK(cudaMalloc(&events, n_ev * 8)); CK(cudaMemset(events, 0, n_ev * 8));
+  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);  // warm (untraced: no buffer yet)
+  CK(cudaDeviceSynchronize());
+  int zero[trace::kMaxSlots] = {};
+  CK(cudaMemcpyToSymbol(trace::g_events, &events, sizeof(events)));
+  CK(cudaMemcpyToSymbol(trace::g_counts, zero, sizeof(zero)));
+  CK(cudaMemcpyToSymbol(trace::g_cta, &cta, sizeof(cta)));
+  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);
+  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+  print_trace(cta);
+#else
+  for (int i = 0; i < 3; ++i) kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);
+  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  std::vector<float> us;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);
+    CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
+    float t; CK(cudaEventElapsedTime(&t, a, b)); us.push_back(t * 1000.f);
+  }
+  CK(cudaGetLastError());
+  std::sort(us.begin(), us.end());
+  // FNV-1a of what the kernel wrote (out and lse, or a split's partials and their lse): two
+  // builds of the kernel that must agree bitwise print the same hash.
+  const size_t rows = (size_t)B * H;
+  std::vector<uint8_t> bytes;
+  const auto append = [&](const void* d, size_t n) {
+    const size_t at = bytes.size();
+    bytes.resize(at + n);
+    CK(cudaMemcpy(bytes.data() + at, d, n, cudaMemcpyDeviceToHost));
+  };
+  if (p.num_splits > 1) {
+    append(partial, p.num_splits * rows * (512 + 1) * 4);
+  } else {
+    append(out, rows * 512 * 2);
+    append(lse, rows * 4);
+  }
+  unsigned long long hash = 1469598103934665603ull;
+  for (uint8_t c : bytes) hash = (hash ^ c) * 1099511628211ull;
+  printf("paged B=%d Hq=%d %s splits=%d: main kernel median %.1f us (min %.1f), output hash %016llx\n",
+         B, H, kind, p.num_splits, us[reps / 2], us[0], hash);
+#endif
+  return 0;
+}
