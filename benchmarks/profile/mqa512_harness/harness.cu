@@ -16,32 +16,8 @@
 #endif
 #include KERNEL_HEADER
 #include "sm90/mqa512/plan.h"
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
+#include "common.cuh"
 using namespace dsv4;
-__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    unsigned x = (unsigned)(i * 2654435761u) ^ seed; x ^= x >> 13; x *= 0x5bd1e995; x ^= x >> 15;
-    p[i] = __float2bfloat16(((x & 0xffff) / 65536.f - 0.5f) * 3.4f);
-  }
-}
-static PFN_cuTensorMapEncodeTiled_v12000 enc() {
-  void* ptr = nullptr; cudaDriverEntryPointQueryResult st;
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &st));
-  return (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-}
-// (B, S, H, 512) contiguous
-static CUtensorMap tmap(void* base, long b, long s, long h, unsigned box_rows, unsigned box_heads) {
-  cuuint64_t dims[4] = {512, (cuuint64_t)s, (cuuint64_t)h, (cuuint64_t)b};
-  cuuint64_t strides[3] = {(cuuint64_t)(h * 512 * 2), 1024, (cuuint64_t)(s * h * 512 * 2)};
-  if (h == 1) strides[1] = 1024;
-  cuuint32_t box[4] = {64, box_rows, box_heads, 1}, es[4] = {1, 1, 1, 1};
-  CUtensorMap m;
-  CUresult r = enc()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, es,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) { printf("encode failed %d\n", r); exit(1); }
-  return m;
-}
 // One harness row (main's arguments) as the family's plan sees it: the launcher's own plan and
 // parameters (csrc/sm90/mqa512/plan.h), for one split (the harness runs no combine kernel).
 struct Row {
@@ -55,47 +31,6 @@ static Mqa512Shape shape_of(const Row& r) {
   s.compress_ratio = r.ratio; s.seqlen_c = r.Sc; s.topk_k = r.topk_k; s.max_compressed_rows = r.Sc;
   return s;
 }
-#ifdef DSV4_TRACE
-// The trace buffer of csrc/sm90/shared/trace.cuh: arm() before the launch allocates and zeroes
-// it and sets the kernel's symbols; print() after it writes every slot's events as
-//   E <slot> <point> <cycles since the CTA's first event>
-// lines for analyze.py (with "# ..." lines naming each slot and its count).
-struct TraceBuffer {
-  unsigned long long* events = nullptr;
-  static constexpr size_t kEvents = size_t(trace::kMaxSlots) * trace::kCapacity;
-  void arm(int cta) {
-    CK(cudaMalloc(&events, kEvents * 8)); CK(cudaMemset(events, 0, kEvents * 8));
-    int zero[trace::kMaxSlots] = {};
-    CK(cudaMemcpyToSymbol(trace::g_events, &events, sizeof(events)));
-    CK(cudaMemcpyToSymbol(trace::g_counts, zero, sizeof(zero)));
-    CK(cudaMemcpyToSymbol(trace::g_cta, &cta, sizeof(cta)));
-  }
-  void print(int cta, const char* const* slot_names) const {
-    std::vector<unsigned long long> h(kEvents);
-    int n[trace::kMaxSlots];
-    CK(cudaMemcpy(h.data(), events, kEvents * 8, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpyFromSymbol(n, trace::g_counts, sizeof(n)));
-    unsigned long long t0 = ~0ull;
-    for (int s = 0; s < trace::kMaxSlots; ++s)
-      for (int i = 0; i < std::min(n[s], trace::kCapacity); ++i)
-        t0 = std::min(t0, h[s * trace::kCapacity + i] & trace::kClockMask);
-    printf("# trace of CTA %d: E slot point cycles\n", cta);
-    for (int s = 0; s < trace::kMaxSlots; ++s) {
-      const int kept = std::min(n[s], trace::kCapacity);
-      printf("# slot %d (%s): %d events%s\n", s, slot_names[s] ? slot_names[s] : "-", n[s],
-             kept < n[s] ? " (the later ones dropped: raise DSV4_TRACE_CAPACITY)" : "");
-      for (int i = 0; i < kept; ++i) {
-        const unsigned long long v = h[s * trace::kCapacity + i];
-        printf("E %d %d %llu\n", s, (int)(v >> 48), (v & trace::kClockMask) - t0);
-      }
-    }
-  }
-};
-// The mqa512 family's slots (analyze.py reads them by number).
-static const char* const kSlotNames[trace::kMaxSlots] = {
-    "consumer warpgroup 0", "consumer warpgroup 1", "producer warp 0", "producer warp 1",
-    "producer warp 2",      "producer warp 3",      nullptr,           nullptr};
-#endif
 int main(int argc, char** argv) {
   int B = argc > 1 ? atoi(argv[1]) : 1, S = argc > 2 ? atoi(argv[2]) : 4096;
   int Sk = argc > 3 ? atoi(argv[3]) : S, H = argc > 4 ? atoi(argv[4]) : 64;
@@ -157,26 +92,15 @@ int main(int argc, char** argv) {
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
   const int grid = static_cast<int>(plan.grid);
 #ifdef DSV4_TRACE
-  const int cta = getenv("DSV4_TRACE_CTA") ? atoi(getenv("DSV4_TRACE_CTA")) : 0;
-  if (cta < 0 || cta >= grid) { printf("DSV4_TRACE_CTA=%d: the grid has %d CTAs\n", cta, grid); return 1; }
+  const int cta = traced_cta(grid);
   TraceBuffer trace_buffer;
   trace_buffer.arm(cta);
   kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);
   CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
   trace_buffer.print(cta, kSlotNames);
 #else
-  for (int i = 0; i < 3; ++i) kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);
-  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);
-    CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-    float t; CK(cudaEventElapsedTime(&t, a, b)); ms.push_back(t);
-  }
-  CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
+  const std::vector<float> ms =
+      time_launches([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p); }, reps);
   double pairs = 0;  // visible (query, key) pairs
   for (long t = 0; t < S; ++t) {
     const long pos = t + Sk - S, hi = causal ? std::min<long>(pos + 1, Sk) : Sk;

@@ -8,30 +8,13 @@
 //        written and not combined)
 //   bin/paged_trace B Hq kind [context] [splits] > t.txt; python3 analyze.py t.txt paged
 //     -> CTA 0's producer and consumer events, tile by tile (DSV4_TRACE_CTA=N: CTA N)
-#include <cuda.h>
-#include <cudaTypedefs.h>
-#include <cuda_runtime.h>
-
-#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <vector>
 
-#include "sm90/shared/trace.cuh"
 #include "sm90/kv_cache/format.h"
 #include "sm90/mqa512/kernel.cuh"
 #include "sm90/mqa512/plan.h"
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e = (x);                                                               \
-    if (e != cudaSuccess) {                                                            \
-      printf("CUDA %s at %d: %s\n", #x, __LINE__, cudaGetErrorString(e));              \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
+#include "common.cuh"
 using namespace dsv4;
 
 // Random bytes with bit 6 clear: every fp8 value and the bf16 tail's high bytes stay below 2 in
@@ -50,29 +33,6 @@ __global__ void fill_cache(uint8_t* base, long long blocks, int rows, long long 
     }
     base[i] = v;
   }
-}
-__global__ void fill_bf16(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    unsigned x = (unsigned)(i * 2654435761u) ^ seed; x ^= x >> 13; x *= 0x5bd1e995; x ^= x >> 15;
-    p[i] = __float2bfloat16(((x & 0xffff) / 65536.f - 0.5f) * 3.4f);
-  }
-}
-static PFN_cuTensorMapEncodeTiled_v12000 enc() {
-  void* ptr = nullptr; cudaDriverEntryPointQueryResult st;
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &st));
-  return (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-}
-// q (1, T, H, 512) contiguous, boxes of (64 dims, tokens, heads).
-static CUtensorMap tmap_q(void* base, long t, long h, unsigned box_tokens, unsigned box_heads) {
-  cuuint64_t dims[4] = {512, (cuuint64_t)t, (cuuint64_t)h, 1};
-  cuuint64_t strides[3] = {(cuuint64_t)(h * 512 * 2), 1024, (cuuint64_t)(t * h * 512 * 2)};
-  cuuint32_t box[4] = {64, box_tokens, box_heads, 1}, es[4] = {1, 1, 1, 1};
-  CUtensorMap m;
-  CUresult r = enc()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box, es,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) { printf("encode failed %d\n", r); exit(1); }
-  return m;
 }
 // A cache of at least `slots` rows in pages of `rows`, and its list for the kernel.
 struct Cache {
@@ -100,27 +60,6 @@ static int* upload(const std::vector<int>& v) {
   CK(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
   return d;
 }
-#ifdef DSV4_TRACE
-static void print_trace(int cta) {
-  const size_t n_ev = size_t(trace::kMaxSlots) * trace::kCapacity;
-  std::vector<unsigned long long> h(n_ev);
-  unsigned long long* events = nullptr;
-  CK(cudaMemcpyFromSymbol(&events, trace::g_events, sizeof(events)));
-  int n[trace::kMaxSlots];
-  CK(cudaMemcpy(h.data(), events, n_ev * 8, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpyFromSymbol(n, trace::g_counts, sizeof(n)));
-  unsigned long long t0 = ~0ull;
-  for (int s = 0; s < trace::kMaxSlots; ++s)
-    for (int i = 0; i < std::min(n[s], trace::kCapacity); ++i)
-      t0 = std::min(t0, h[s * trace::kCapacity + i] & trace::kClockMask);
-  printf("# trace of CTA %d: E slot point cycles\n", cta);
-  for (int s = 0; s < trace::kMaxSlots; ++s)
-    for (int i = 0; i < std::min(n[s], trace::kCapacity); ++i) {
-      const unsigned long long v = h[s * trace::kCapacity + i];
-      printf("E %d %d %llu\n", s, (int)(v >> 48), (v & trace::kClockMask) - t0);
-    }
-}
-#endif
 int main(int argc, char** argv) {
   if (argc < 4) { printf("usage: %s B Hq window|csa512|csa1024|hca [context] [splits] [reps]\n", argv[0]); return 2; }
   const int B = atoi(argv[1]), H = atoi(argv[2]);
@@ -162,7 +101,7 @@ int main(int argc, char** argv) {
   const size_t nq = (size_t)B * H * 512;
   CK(cudaMalloc(&q, nq * 2)); CK(cudaMalloc(&out, nq * 2)); CK(cudaMalloc(&lse, (size_t)B * H * 4));
   CK(cudaMalloc(&sinks, H * 4)); CK(cudaMemset(sinks, 0, H * 4));
-  fill_bf16<<<1024, 256>>>(q, nq, 3); CK(cudaGetLastError());
+  fill<<<1024, 256>>>(q, nq, 3); CK(cudaGetLastError());
   p.out = out; p.lse = lse; p.sinks = sinks;
   p.page_list[0] = window.list(d_ws, kWindow);
   if (comp) p.page_list[1] = comp->list(d_cs, k);
@@ -171,7 +110,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&partial, p.num_splits * rows * (512 + 1) * 4));
     p.o_partial = partial; p.lse_partial = partial + p.num_splits * rows * 512;
   }
-  const CUtensorMap tq = tmap_q(q, B, H, p.tile_tokens, p.tile_heads);
+  const CUtensorMap tq = tmap(q, 1, B, H, p.tile_tokens, p.tile_heads);  // (1, T, Hq, 512)
   using T = Mqa512Sm90Traits<__nv_bfloat16>;
   auto kernel = mqa512_sm90_kernel<__nv_bfloat16, true>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
@@ -179,32 +118,18 @@ int main(int argc, char** argv) {
   printf("# B=%d Hq=%d %s context=%d: %lld work tiles x %d splits, grid %d, %lld key tiles a token\n",
          B, H, kind, context, (long long)plan.tiles, p.num_splits, grid, (long long)s.paged_tiles);
 #ifdef DSV4_TRACE
-  const int cta = getenv("DSV4_TRACE_CTA") ? atoi(getenv("DSV4_TRACE_CTA")) : 0;
-  unsigned long long* events;
-  const size_t n_ev = size_t(trace::kMaxSlots) * trace::kCapacity;
-  CK(cudaMalloc(&events, n_ev * 8)); CK(cudaMemset(events, 0, n_ev * 8));
-  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);  // warm (untraced: no buffer yet)
+  const int cta = traced_cta(grid);
+  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);  // a warm launch, untraced
   CK(cudaDeviceSynchronize());
-  int zero[trace::kMaxSlots] = {};
-  CK(cudaMemcpyToSymbol(trace::g_events, &events, sizeof(events)));
-  CK(cudaMemcpyToSymbol(trace::g_counts, zero, sizeof(zero)));
-  CK(cudaMemcpyToSymbol(trace::g_cta, &cta, sizeof(cta)));
+  TraceBuffer trace_buffer;
+  trace_buffer.arm(cta);
   kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);
   CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
-  print_trace(cta);
+  trace_buffer.print(cta, kSlotNames);
 #else
-  for (int i = 0; i < 3; ++i) kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);
-  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  std::vector<float> us;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a));
-    kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);
-    CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-    float t; CK(cudaEventElapsedTime(&t, a, b)); us.push_back(t * 1000.f);
-  }
-  CK(cudaGetLastError());
-  std::sort(us.begin(), us.end());
+  std::vector<float> us =
+      time_launches([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p); }, reps);
+  for (float& t : us) t *= 1000.f;
   // FNV-1a of what the kernel wrote (out and lse, or a split's partials and their lse): two
   // builds of the kernel that must agree bitwise print the same hash.
   const size_t rows = (size_t)B * H;
