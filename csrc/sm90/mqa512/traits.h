@@ -48,9 +48,9 @@
 //   kv_full[s][c]     one per 64-column block c of stage s, one arrival: lane 0's
 //                     expect_tx(8 KB) with the block's TMA box, or, for a gather, lane 0's
 //                     after a __syncwarp, every lane's cp.async.mbarrier.arrive holding the
-//                     phase open until its copies land, or for a paged gather lane 0's after
-//                     every lane waited for its copies, converted them and the warp synced
-//                     (the readers then fence the proxies)
+//                     phase open until its copies land (the readers then fence the proxies),
+//                     or for a paged gather lane 0's after every lane waited for its copies,
+//                     converted them and fenced the proxies, and the warp synced
 //                     -> readers of that block (Q K^T starts on the first block that lands)
 //   kv_empty[s][h]    half h of stage s is read by consumer s (QK^T) and consumer h (P V):
 //                     128 arrivals when s == h (after consumer s's own P V), else 256
