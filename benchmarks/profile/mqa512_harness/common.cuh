@@ -80,6 +80,16 @@ struct TraceBuffer {
 static const char* const kSlotNames[dsv4::trace::kMaxSlots] = {
     "consumer warpgroup 0", "consumer warpgroup 1", "producer warp 0", "producer warp 1",
     "producer warp 2",      "producer warp 3",      nullptr,           nullptr};
+
+// One traced launch of CTA `cta` (see traced_cta below), its events printed for analyze.py.
+template <typename Launch>
+void trace_launch(int cta, Launch launch) {
+  TraceBuffer trace_buffer;
+  trace_buffer.arm(cta);
+  launch();
+  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+  trace_buffer.print(cta, kSlotNames);
+}
 #endif
 
 // The CTA to trace: $DSV4_TRACE_CTA, else 0; exits when the grid has no such CTA.

@@ -92,12 +92,7 @@ int main(int argc, char** argv) {
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
   const int grid = static_cast<int>(plan.grid);
 #ifdef DSV4_TRACE
-  const int cta = traced_cta(grid);
-  TraceBuffer trace_buffer;
-  trace_buffer.arm(cta);
-  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p);
-  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
-  trace_buffer.print(cta, kSlotNames);
+  trace_launch(traced_cta(grid), [&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p); });
 #else
   const std::vector<float> ms =
       time_launches([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p); }, reps);

@@ -118,14 +118,11 @@ int main(int argc, char** argv) {
   printf("# B=%d Hq=%d %s context=%d: %lld work tiles x %d splits, grid %d, %lld key tiles a token\n",
          B, H, kind, context, (long long)plan.tiles, p.num_splits, grid, (long long)s.paged_tiles);
 #ifdef DSV4_TRACE
+  const auto launch = [&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p); };
   const int cta = traced_cta(grid);
-  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);  // a warm launch, untraced
+  launch();  // a warm launch, untraced (the trace buffer is not armed yet)
   CK(cudaDeviceSynchronize());
-  TraceBuffer trace_buffer;
-  trace_buffer.arm(cta);
-  kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p);
-  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
-  trace_buffer.print(cta, kSlotNames);
+  trace_launch(cta, launch);
 #else
   std::vector<float> us =
       time_launches([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p); }, reps);
