@@ -352,25 +352,36 @@ struct Mqa512Producer {
   }
 
   // Block cb's staged fp8 rows times their tiles' scales, into the swizzled tile: lane 4 q + part
-  // converts its own 16 bytes of rows q + 8 i to chunks 2 part and 2 part + 1 of the row, at
-  // (2 part) ^ q and (2 part + 1) ^ q. A step's stores may overwrite staged rows of the same
-  // step (row 56 + q's output covers staged rows 48-63), so the warp syncs between its loads
-  // and its stores.
+  // converts its own 16 bytes of rows q + 8 i (step i) to chunks 2 part and 2 part + 1 of the
+  // row, at (2 part) ^ q and (2 part + 1) ^ q, two steps at a time. Steps 0-3 land below the
+  // staging; steps 4 and 5 land on the staged rows of steps 0-3, steps 6 and 7 on those of
+  // steps 4-7, so the warp syncs before those stores, after its loads. (A sync in every step
+  // kept one step in flight.)
   __device__ __forceinline__ void convert_paged_fp8(int cb) const {
+    constexpr int kSteps = kBlockN / 8;
+    static_assert(kPagedStagingOffset == 32 * 128, "steps 0-3 (rows 0-31) land below the staging");
     const int part = lane % 4, row_sub = lane / 4;
     char* tile = reinterpret_cast<char*>(&s.kv[stage][cb][0][0]);
 #pragma unroll
-    for (int i = 0; i < kBlockN / 8; ++i) {
-      const int row = row_sub + 8 * i;
-      const uint4 raw =
-          *reinterpret_cast<const uint4*>(tile + kPagedStagingOffset + row * 64 + part * 16);
-      const uint32_t word = s.paged_scale[stage][sub][row];  // cb and cb0 share the word
-      __syncwarp();
-      uint4 out[2];
-      kv_dequant16<Element>(raw, kv_scale_of(static_cast<uint8_t>(word >> (8 * (cb % 4)))), out);
-      char* dst = tile + row * 128;
-      *reinterpret_cast<uint4*>(dst + (((2 * part) ^ row_sub) << 4)) = out[0];
-      *reinterpret_cast<uint4*>(dst + (((2 * part + 1) ^ row_sub) << 4)) = out[1];
+    for (int k = 0; k < kSteps / 2; ++k) {
+      uint4 raw[2];
+      uint32_t word[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int row = row_sub + 8 * (2 * k + j);
+        raw[j] = *reinterpret_cast<const uint4*>(tile + kPagedStagingOffset + row * 64 + part * 16);
+        word[j] = s.paged_scale[stage][sub][row];  // cb and cb0 share the word
+      }
+      if (k >= kSteps / 4) __syncwarp();
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        uint4 out[2];
+        kv_dequant16<Element>(raw[j], kv_scale_of(static_cast<uint8_t>(word[j] >> (8 * (cb % 4)))),
+                              out);
+        char* dst = tile + (row_sub + 8 * (2 * k + j)) * 128;
+        *reinterpret_cast<uint4*>(dst + (((2 * part) ^ row_sub) << 4)) = out[0];
+        *reinterpret_cast<uint4*>(dst + (((2 * part + 1) ^ row_sub) << 4)) = out[1];
+      }
     }
   }
 
