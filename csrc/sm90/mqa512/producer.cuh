@@ -310,7 +310,7 @@ struct Mqa512Producer {
     const Mqa512PagedList& l = p.page_list[kList];
     const int part = lane % 4, row_sub = lane / 4;
     const uint32_t staging = ptx::smem_addr(&s.kv[stage][cb0][0][0]) + kPagedStagingOffset;
-#pragma unroll 2  // cp.async holds no registers: a rolled loop keeps them all in flight
+#pragma unroll 4
     for (int i = 0; i < kBlockN / 8; ++i) {
       const int row = row_sub + 8 * i;
       const int slot = __shfl_sync(0xffffffff, i < 4 ? listed_lo : listed_hi, row % 32);
@@ -339,7 +339,7 @@ struct Mqa512Producer {
     const int part = lane % 8, row_sub = lane / 8;
     const uint32_t dst0 =
         ptx::smem_addr(&s.kv[stage][cb][0][0]) + row_sub * 128 + ((part ^ row_sub) << 4);
-#pragma unroll 2
+#pragma unroll 4
     for (int i = 0; i < kBlockN / 4; ++i) {
       const int slot =
           __shfl_sync(0xffffffff, i < 8 ? listed_lo : listed_hi, (row_sub + 4 * i) % 32);

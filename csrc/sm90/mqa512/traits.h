@@ -96,7 +96,7 @@ struct Mqa512Sm90Traits {
                 "register budget: the CTA's launch allocation");
   // The paged instantiation's producer converts FP8 rows: at 56 its fp16 build spilled its
   // tile-loop state; its consumers fit 216.
-  static constexpr uint32_t kPagedProducerRegs = 64, kPagedConsumerRegs = 216;
+  static constexpr uint32_t kPagedProducerRegs = 72, kPagedConsumerRegs = 216;
   static_assert(128 * kPagedProducerRegs + kConsumerThreads * kPagedConsumerRegs <= kThreads * 168,
                 "register budget: the CTA's launch allocation");
 
