@@ -266,21 +266,23 @@ struct Mqa512Producer {
   }
 
   // This warp's two 64-column blocks (cb0 = 4 half + sub, cb0 + 2) of half `half` of its stage,
-  // from the FP8 records of list kList's listed slots (-1: zeros). Every copy of both blocks
-  // is issued by cp.async (no registers held: all of them in flight at once); each lane waits
-  // for its own and the warp syncs (a row's scale word is one lane's copy). Then each lane
-  // converts what it copied: fp8 bytes from staging in the block's own upper 4 KB to bf16 (or
-  // fp16) in place; the bf16 tail (block 7) was copied straight to its place (converted there
-  // for fp16). Each lane fences the proxies after its writes, and after a warp sync lane 0
-  // gives each block's one arrival.
+  // from the FP8 records of list kList's listed slots (-1: zeros). Each lane finds the records
+  // of its own rows (lane, lane + 32) once and copies their scale words; the copy steps take
+  // each row's record address from its lane. Every copy of both blocks is issued by cp.async
+  // (no registers held: all of them in flight at once); each lane waits for its own and the
+  // warp syncs. Then each lane converts what it copied: fp8 bytes from staging in the block's
+  // own upper 4 KB to bf16 (or fp16) in place; the bf16 tail (block 7) was copied straight to
+  // its place (converted there for fp16). Each lane fences the proxies after its writes, and
+  // after a warp sync lane 0 gives each block's one arrival.
   template <int kList>
   __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
     const int cb0 = kHalf * half + sub;
+    const PagedRows rows = paged_rows<kList>(listed_lo, listed_hi);
     if (cb0 + 2 == kKvTiles) {  // this warp's second block is the bf16 tail
-      issue_paged_fp8<kList, 1>(cb0, listed_lo, listed_hi);
-      issue_paged_tail<kList>(cb0 + 2, listed_lo, listed_hi);
+      issue_paged_fp8<kList, 1>(cb0, rows);
+      issue_paged_tail(cb0 + 2, rows);
     } else {
-      issue_paged_fp8<kList, 2>(cb0, listed_lo, listed_hi);
+      issue_paged_fp8<kList, 2>(cb0, rows);
     }
     DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, lane == 0);
     ptx::cp_async_wait_all();
@@ -301,53 +303,83 @@ struct Mqa512Producer {
     DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTracePagedConverted + stage * 2 + half, lane == 0);
   }
 
+  // A lane's two rows of a paged tile (lane, lane + 32): their slots (-1: not listed), and the
+  // addresses of their records' data rows (slot 0's where not listed, never read); a row's
+  // scale row is (576 << page_shift) - 568 r bytes after its data row, r its row in the block.
+  struct PagedRows {
+    int slot[2];
+    const uint8_t* data[2];
+  };
+  template <int kList>
+  __device__ __forceinline__ PagedRows paged_rows(int listed_lo, int listed_hi) const {
+    const Mqa512PagedList& l = p.page_list[kList];
+    PagedRows rows;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      rows.slot[i] = i == 0 ? listed_lo : listed_hi;
+      const int safe = max(rows.slot[i], 0);
+      const int r = safe & ((1 << l.page_shift) - 1);
+      rows.data[i] = l.base + static_cast<int64_t>(safe >> l.page_shift) * l.block_stride +
+                     r * kKvDataBytes;
+    }
+    return rows;
+  }
+
+  // Row 32 h + j's slot and record data address, from lane j, which holds them.
+  __device__ __forceinline__ const uint8_t* paged_row(const PagedRows& rows, int h, int j,
+                                                      int& slot) const {
+    slot = __shfl_sync(0xffffffff, rows.slot[h], j);
+    return reinterpret_cast<const uint8_t*>(
+        __shfl_sync(0xffffffff, reinterpret_cast<unsigned long long>(rows.data[h]), j));
+  }
+
   // The fp8 bytes of kBlocks blocks cb0 (and cb0 + 2), row r at byte 4096 + 64 r of each block
   // (lane 4 q + part copies 16 bytes of rows q + 8 i), all from one record address a row; and
   // each row's scale word (the 4 bytes holding tile cb0's byte, and cb0 + 2's) into
   // paged_scale[stage][sub].
   template <int kList, int kBlocks>
-  __device__ __forceinline__ void issue_paged_fp8(int cb0, int listed_lo, int listed_hi) const {
+  __device__ __forceinline__ void issue_paged_fp8(int cb0, const PagedRows& rows) const {
     const Mqa512PagedList& l = p.page_list[kList];
     const int part = lane % 4, row_sub = lane / 4;
     const uint32_t staging = ptx::smem_addr(&s.kv[stage][cb0][0][0]) + kPagedStagingOffset;
-#pragma unroll 4
-    for (int i = 0; i < kBlockN / 8; ++i) {
-      const int row = row_sub + 8 * i;
-      const int slot = __shfl_sync(0xffffffff, i < 4 ? listed_lo : listed_hi, row % 32);
-      const int safe = max(slot, 0);
-      const int r = safe & ((1 << l.page_shift) - 1);
-      const uint8_t* block = l.base + static_cast<int64_t>(safe >> l.page_shift) * l.block_stride;
-      const uint8_t* src = block + r * kKvDataBytes + cb0 * 64 + part * 16;
 #pragma unroll
-      for (int b = 0; b < kBlocks; ++b) {  // block cb0 + 2 b: 2 x 8 KB further in the stage
-        ptx::cp_async_16_zfill(staging + 2 * b * T::kBlockBytes + row * 64 + part * 16,
-                               src + 2 * b * 64, slot >= 0);
-      }
-      if (part == 0) {
-        const uint8_t* scales = block + (kKvDataBytes << l.page_shift) + r * kKvScaleBytes;
-        ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][sub][row]),
-                              scales + (cb0 & ~3), slot >= 0);
+    for (int h = 0; h < 2; ++h) {  // rows 0-31 from rows.*[0], 32-63 from rows.*[1]
+#pragma unroll 2  // (unrolled further, the producer spilled)
+      for (int i = 4 * h; i < 4 * h + 4; ++i) {
+        const int row = row_sub + 8 * i;
+        int slot;
+        const uint8_t* src = paged_row(rows, h, row % 32, slot) + cb0 * 64 + part * 16;
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {  // block cb0 + 2 b: 2 x 8 KB further in the stage
+          ptx::cp_async_16_unless_negative(staging + 2 * b * T::kBlockBytes + row * 64 + part * 16,
+                                           src + 2 * b * 64, slot);
+        }
+        if (part == 0) {
+          const int r = max(slot, 0) & ((1 << l.page_shift) - 1);
+          ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][sub][row]),
+                                src + ((kKvDataBytes << l.page_shift) -
+                                       r * (kKvDataBytes - kKvScaleBytes) + (cb0 & ~3) - cb0 * 64),
+                                slot >= 0);
+        }
       }
     }
   }
 
   // Block 7 (dims 448-511, the record's bf16 part) straight to its swizzled place: lane
   // 8 q + part copies 16-byte chunk `part` of rows q + 4 i, as gather_blocks does.
-  template <int kList>
-  __device__ __forceinline__ void issue_paged_tail(int cb, int listed_lo, int listed_hi) const {
-    const Mqa512PagedList& l = p.page_list[kList];
+  __device__ __forceinline__ void issue_paged_tail(int cb, const PagedRows& rows) const {
     const int part = lane % 8, row_sub = lane / 8;
     const uint32_t dst0 =
         ptx::smem_addr(&s.kv[stage][cb][0][0]) + row_sub * 128 + ((part ^ row_sub) << 4);
-#pragma unroll 4
-    for (int i = 0; i < kBlockN / 4; ++i) {
-      const int slot =
-          __shfl_sync(0xffffffff, i < 8 ? listed_lo : listed_hi, (row_sub + 4 * i) % 32);
-      const int safe = max(slot, 0);
-      const int r = safe & ((1 << l.page_shift) - 1);
-      const uint8_t* block = l.base + static_cast<int64_t>(safe >> l.page_shift) * l.block_stride;
-      ptx::cp_async_16_zfill((dst0 ^ (i % 2 ? 64u : 0u)) + 4 * 128 * i,
-                             block + r * kKvDataBytes + kKvQuantDims + part * 16, slot >= 0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // rows 0-31 from rows.*[0], 32-63 from rows.*[1]
+#pragma unroll 2
+      for (int i = 8 * h; i < 8 * h + 8; ++i) {
+        int slot;
+        const uint8_t* rec = paged_row(rows, h, (row_sub + 4 * i) % 32, slot);
+        ptx::cp_async_16_unless_negative((dst0 ^ (i % 2 ? 64u : 0u)) + 4 * 128 * i,
+                                         rec + kKvQuantDims + part * 16, slot);
+      }
     }
   }
 
