@@ -226,7 +226,7 @@ struct Mqa512Consumer {
     int lo[2], hi[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int pos = kv.pos_lo + (frag_row + 8 * i) % p.tile_tokens;
+      const int pos = kv.pos_lo + ((frag_row + 8 * i) & (p.tile_tokens - 1));
       const KeySpan span = compressed ? KeySpan{0, mqa512_closed_rows(p, w, pos)}
                                       : visible_keys(shape, pos);
       lo[i] = span.lo - n0 - col_lane;

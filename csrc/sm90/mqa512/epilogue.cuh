@@ -40,10 +40,12 @@ __device__ __forceinline__ void mqa512_epilogue(Mqa512Consumer<Element, kPaged>&
   const bool split = p.num_splits > 1;
   Element* out = static_cast<Element*>(p.out);
   const bool has_sink = mqa512_sinks_with_q(p);
+  const int tokens_log2 = __ffs(p.tile_tokens) - 1;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = frag_row + 8 * i;
-    const int token = w.tok0 + row % p.tile_tokens, head = w.head0 + row / p.tile_tokens;
+    // tile_tokens is a power of two (plan.h: 64 over a power-of-two head count)
+    const int token = w.tok0 + (row & (p.tile_tokens - 1)), head = w.head0 + (row >> tokens_log2);
     float inv, lse;
     // The sink came with Q (a global load here sat on the epilogue's critical path: 12% of the
     // sliding layer's time); a work tile with no keys loaded no Q. (One generic load of either
