@@ -35,7 +35,15 @@ __device__ __forceinline__ void kv_dequant16(uint4 fp8, float scale, uint4 (&out
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(in.pair[i], __NV_E4M3)));
-    words[i] = ptx::pack2<Element>(f.x * scale, f.y * scale);
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+      // Pack first (e4m3 values are exact in bf16), then one bf16x2 multiply by the power of
+      // two, exact while the product stays normal: 5 instructions a pair instead of 6.
+      const __nv_bfloat162 v =
+          __hmul2(__floats2bfloat162_rn(f.x, f.y), __float2bfloat162_rn(scale));
+      words[i] = *reinterpret_cast<const uint32_t*>(&v);
+    } else {
+      words[i] = ptx::pack2<Element>(f.x * scale, f.y * scale);
+    }
   }
 }
 
