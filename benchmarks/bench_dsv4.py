@@ -34,8 +34,9 @@ A last table times dsv4_indexer_topk (the lightning indexer) on fresh prompts of
 tokens in both modes: exact (bf16 q and k) against the bf16 GEMM rate, serving (float8_e4m3 q
 and k with row scales) against the same-run FP8 GEMM rate (torch._scaled_mm); then a whole CSA
 layer at 64k with each (indexer, then dsv4_attention on its picks) against the sum of the two
-floors. An exact small case of each mode is checked against the float64 oracle first.
---only-indexer prints only it.
+floors; and dsv4_indexer_topk_paged decode steps over a paged FP8 indexer cache, the cache
+bytes read against the same-run copy rate. An exact small case of each mode is checked against
+the float64 oracle first. --only-indexer prints only it.
 """
 import argparse
 import math
@@ -403,6 +404,63 @@ def check_indexer(device, dtype=torch.bfloat16):
     return bool(torch.equal(got.cpu(), want))
 
 
+def indexer_paged_inputs(b, rows, device, ints=False):
+    """A decode step of dsv4_indexer_topk_paged: b requests of `rows` compressed rows each in
+    vLLM's paged FP8 indexer cache (64-row blocks of 128 float8_e4m3 values, then 64 fp32
+    scales; blocks shuffled over the cache), one query per request at the last position (it
+    sees every row), 64 heads of float8_e4m3 q, fp32 weights. With ints: small integers and
+    power-of-two scales (exact scores)."""
+    pages = (rows + 63) // 64
+    blocks = b * pages
+    raw = torch.empty(blocks, 64 * 132, dtype=torch.uint8, device=device)
+    for i in range(0, blocks, 1024):  # bounded temporaries
+        n = min(1024, blocks - i)
+        v = (torch.randint(-8, 9, (n, 64 * 128), device=device).float() if ints
+             else torch.randn(n, 64 * 128, device=device))
+        raw[i:i + n, :64 * 128] = v.to(FP8).view(torch.uint8)
+        scale = torch.exp2(torch.randint(-8, -2, (n, 64), device=device).float())
+        raw[i:i + n, 64 * 128:] = scale.view(torch.uint8).view(n, 256)
+    cache = raw.view(blocks, 64, 1, 132)
+    table = torch.randperm(blocks, device=device).view(b, pages).int()
+    draw = ((lambda *shape: torch.randint(-2, 3, shape, device=device).float()) if ints
+            else (lambda *shape: torch.randn(*shape, device=device)))
+    q = draw(b, 1, INDEXER_HEADS, INDEXER_DIM).to(FP8)
+    w = draw(b, 1, INDEXER_HEADS)
+    lens = torch.full((b,), rows, dtype=torch.int32, device=device)
+    pos = (4 * lens[:, None] - 1).long()
+    return q, cache, w, pos, table, lens
+
+
+def check_indexer_paged(device):
+    """The paged form on a small exact case against the float64 oracle: True if every pick and
+    its order agree."""
+    from dsv4_attn import reference
+    args = indexer_paged_inputs(4, 3000, device, ints=True)
+    kw = dict(topk=INDEXER_TOPK, compress_ratio=4, scale=0.5)
+    got = dsv4_attn.dsv4_indexer_topk_paged(*args, **kw)
+    return bool(torch.equal(got.cpu(), reference.indexer_topk_paged(*args, **kw)))
+
+
+def rows_indexer_paged(ceil, device, quick):
+    """dsv4_indexer_topk_paged decode steps (each one of 20 in a CUDA graph): the cache bytes
+    read (132 per row) over the time, against the same run's copy rate."""
+    rows = []
+    for b, context in ([(64, 65536)] if quick else [(64, 65536), (64, 16384), (8, 65536)]):
+        n = context // 4
+        q, cache, w, pos, table, lens = indexer_paged_inputs(b, n, device)
+        kw = dict(topk=INDEXER_TOPK, compress_ratio=4)
+        path = dsv4_attn.dsv4_indexer_topk_paged_path(q, cache, w, pos, table, lens, **kw)
+        ms = graph_step_ms(lambda: dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table,
+                                                                     lens, **kw))
+        gbs = b * n * 132 / ms / 1e6
+        rows.append([f"indexer paged FP8 decode, B = {b}, {context // 1024}k context, top-512",
+                     path, f"{ms * 1000:.1f} us", f"{gbs:.0f} GB/s",
+                     f"{100 * gbs / ceil['copy']:.0f}% copy",
+                     "75% copy" if (b, context) == (64, 65536) else "none"])
+        del q, cache, w, table
+    return rows
+
+
 def indexer_flops(s):
     """Useful FLOPs of a fresh prompt's indexer: 2 H D per closed (query, row) pair."""
     closed = torch.clamp(torch.div(torch.arange(s) + 1, 4, rounding_mode="floor"), max=s // 4)
@@ -431,7 +489,8 @@ def rows_indexer(ceil, device, quick):
             target = INDEXER_TARGETS.get((dtype, s))
             label = "GEMM" if ceiling == "gemm" else "FP8 GEMM"
             rows.append([f"indexer {name} scores + top-512, S = {s // 1024}k fresh prompt", path,
-                         f"{ms:.2f}", f"{rate:.0f}", f"{100 * rate / ceil[ceiling]:.0f}% {label}",
+                         f"{ms:.2f} ms", f"{rate:.0f} TFLOP/s",
+                         f"{100 * rate / ceil[ceiling]:.0f}% {label}",
                          f"{100 * target:.0f}% {label}" if target else "none"])
             del q, k, w
     if quick:
@@ -454,7 +513,7 @@ def rows_indexer(ceil, device, quick):
         path = (dsv4_attn.dsv4_indexer_topk_path(qi, ki, w, pos, **ikw) + " + " +
                 dsv4_attn.dsv4_attention_path(q, kv, topk_indices=idx, **kw))
         rows.append([f"CSA layer, S = 64k: {name} indexer + dsv4_attention (64 heads)", path,
-                     f"{ms:.2f}", f"floor {floor:.2f} ms", f"{ms / floor:.2f}x floor",
+                     f"{ms:.2f} ms", f"floor {floor:.2f} ms", f"{ms / floor:.2f}x floor",
                      "1.4x floor"])
         del qi, ki, w, idx
     return rows
@@ -641,12 +700,15 @@ def main(argv=None):
         checks = ", ".join(
             f"{name} {'every pick agrees' if check_indexer(device, dt) else 'MISMATCH'}"
             for dt, name in ((torch.bfloat16, "bf16"), (FP8, "fp8")))
+        checks += (", paged fp8 " + ("every pick agrees" if check_indexer_paged(device)
+                                     else "MISMATCH"))
         indexer_note = ("dsv4_indexer_topk, 64 heads x 128, top-512 of the closed rows of a 4x "
                         "compressed prompt (fp8: row scales); FP8 GEMM 8192^3 (torch._scaled_mm) "
                         f"{ceil['fp8_gemm']:.0f} TFLOP/s this run; check on an exact small case "
                         f"against the float64 oracle: {checks}")
-        indexer_headers = ["row", "path", "ms", "TFLOP/s useful", "of ceiling", "target"]
-        indexer_rows = rows_indexer(ceil, device, args.quick)
+        indexer_headers = ["row", "path", "time", "useful rate", "of ceiling", "target"]
+        indexer_rows = rows_indexer(ceil, device, args.quick) + rows_indexer_paged(
+            ceil, device, args.quick)
         table_md += ("\n\n" + indexer_note + "\n\n" +
                      common.format_table(indexer_headers, indexer_rows, markdown=True))
     common.write_status(args.status_out, common.status_block(

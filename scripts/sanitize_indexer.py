@@ -1,8 +1,9 @@
 """Small calls of the lightning indexer's kernels for compute-sanitizer (scripts/gpu_check.sh):
 64 heads over two key splits with a full radix select, 8 heads (64 queries per block, a
 partial last block), 128 heads (one query per consumer), row scales and a negative scale,
-float8_e4m3 q and k with row scales (the serving mode), int32 positions in any order. (The
-chunked calls are too large for racecheck; tests cover them.)"""
+float8_e4m3 q and k with row scales (the serving mode), int32 positions in any order; then the
+paged form over a shuffled 64-row-block FP8 cache (two tokens a request, one request empty).
+(The chunked calls are too large for racecheck; tests cover them.)"""
 import torch
 
 import dsv4_attn
@@ -30,4 +31,20 @@ for b, sq, sc, h, topk, dtype, extra in calls:
     closed = torch.clamp((pos.long() + 1) // 4, max=sc)
     want_listed = torch.clamp(closed, max=topk)
     assert torch.equal((out >= 0).sum(-1), want_listed), "listed rows != min(topk, closed rows)"
-print("sanitize_indexer: score and top-k kernels ran, every query lists min(topk, closed) rows")
+lens = torch.tensor([700, 0, 130], dtype=torch.int32, device="cuda")
+pages = 12
+cache = torch.randint(0, 120, (3 * pages, 64 * 132), dtype=torch.uint8, device="cuda")
+cache[:, 64 * 128:] = torch.rand(3 * pages, 64, device="cuda").view(torch.uint8).view(-1, 256)
+cache = cache.view(3 * pages, 64, 1, 132)
+table = torch.randperm(3 * pages, device="cuda").int().view(3, pages)
+q = torch.randn(3, 2, 64, 128, device="cuda").to(torch.float8_e4m3fn)
+w = torch.randn(3, 2, 64, device="cuda")
+pos = 4 * lens[:, None].long() - torch.tensor([[1, 9]], device="cuda")
+kw = dict(topk=256, compress_ratio=4)
+assert dsv4_attn.dsv4_indexer_topk_paged_path(q, cache, w, pos, table, lens, **kw) == "sm90"
+out = dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens, **kw)
+torch.cuda.synchronize()
+closed = torch.minimum(torch.clamp((pos + 1) // 4, min=0), lens[:, None].long())
+assert torch.equal((out >= 0).sum(-1), torch.clamp(closed, max=256)), "paged: listed rows"
+print("sanitize_indexer: score (dense and paged) and top-k kernels ran, every query lists "
+      "min(topk, closed) rows")

@@ -4,8 +4,9 @@ ties (small-integer inputs make scores exact in fp32 and float64, so the tie rul
 exactly), fp8 q and k with row scales, the output feeding dsv4_attention, and bad inputs; then
 dsv4_indexer_topk_paged over a paged FP8 indexer cache written here (reference.indexer_topk_paged,
 and the dense op on the same rows).
-These shapes (head dims under 128) take the reference path on every device; the sm90 kernels
-are tested in test_indexer_sm90.py.
+These shapes (head dims under 128) take the reference path on every device, except the paged
+form's FP8 decode case, which runs the sm90 kernel on a Hopper GPU; the kernels are tested in
+test_indexer_sm90.py.
 """
 import math
 
@@ -16,6 +17,7 @@ import dsv4_attn
 from dsv4_attn import reference as ref
 
 from conftest import randn
+from test_fmha_sm90 import _is_sm90
 
 
 def _ints(gen, *shape, device, lo=-2, hi=3):
@@ -216,8 +218,11 @@ def test_indexer_paged_matches_oracle_exactly(gen, device, lens, tokens, heads, 
     want = ref.indexer_topk_paged(q, cache, w, pos, table, lens_t, **kw)
     assert got.dtype == torch.int32 and got.shape == (len(lens), tokens, topk)
     assert torch.equal(got.cpu(), want)
+    # The sm90 kernel takes float8_e4m3 q over 64-row pages (test_indexer_sm90.py tests it).
+    kernel = (torch.device(device).type == "cuda" and _is_sm90() and
+              q_dtype == torch.float8_e4m3fn and rows_per_block == 64 and heads >= 8)
     assert dsv4_attn.dsv4_indexer_topk_paged_path(q, cache, w, pos, table, lens_t,
-                                                  **kw) == "reference"
+                                                  **kw) == ("sm90" if kernel else "reference")
 
 
 def test_indexer_paged_equals_the_dense_op_on_the_same_rows(gen, device):

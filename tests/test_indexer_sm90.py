@@ -327,3 +327,88 @@ def test_route_names_its_reasons():
     exact = dict(topk=8, compress_ratio=4, scale=0.5)  # exact scores: the paths agree on ties
     got = dsv4_attn.dsv4_indexer_topk(heads_strided, k, w, pos, **exact)
     assert torch.equal(got, dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **exact))
+
+
+# ----------------------------------------------------------------------------- the paged form
+# dsv4_indexer_topk_paged on the paged score kernel (paged_score.cuh) and the same top-k kernel,
+# over caches written by test_indexer._paged_cache (power-of-two row scales, small integers:
+# exact scores, so picks and ties compare exactly with the float64 oracle).
+
+
+def _paged(seed, lens, tokens, heads, block_pad=0, index_dtype=torch.int32):
+    from test_indexer import _paged_case
+    gen = torch.Generator().manual_seed(stable_seed(seed, *lens, tokens, heads, block_pad))
+    q, cache, w, pos, table, lens_t = _paged_case(gen, "cuda", lens, tokens, heads, 64, FP8,
+                                                  block_pad)
+    return q, cache, w, pos.to(index_dtype), table.to(index_dtype), lens_t.to(index_dtype)
+
+
+def _poisoned_paged(*args, **kw):
+    junk = torch.full((64 << 20,), -7, dtype=torch.int32, device="cuda")
+    del junk
+    return dsv4_attn.dsv4_indexer_topk_paged(*args, **kw)
+
+
+@pytest.mark.parametrize("lens,tokens,heads,topk,block_pad,index_dtype", [
+    ([37, 0, 200], 1, 64, 16, 0, torch.int32),       # decode: an empty request, a partial page
+    ([1000, 3000, 64, 5], 2, 32, 512, 48, torch.int32),  # MTP, several splits, padded blocks
+    ([700, 130], 3, 8, 64, 0, torch.int64),          # 8 heads: 16 queries a block; int64 indices
+    ([2100, 9], 1, 128, 2048, 0, torch.int32),       # 128 heads, the largest topk, -1 tails
+])
+def test_paged_kernel_matches_oracle_exactly(lens, tokens, heads, topk, block_pad, index_dtype):
+    args = _paged("paged", lens, tokens, heads, block_pad, index_dtype)
+    kw = dict(topk=topk, compress_ratio=4, scale=0.5)
+    assert dsv4_attn.dsv4_indexer_topk_paged_path(*args, **kw) == "sm90"
+    got = _poisoned_paged(*args, **kw)
+    want = ref.indexer_topk_paged(*args, **kw)
+    assert got.shape == (len(lens), tokens, topk)
+    assert torch.equal(got.cpu(), want)
+
+
+def test_paged_kernel_sees_only_closed_rows():
+    """Queries whose closed rows stop short of the context (positions behind it) and a ratio of
+    one: each query's list ends at its own bound, not the request's."""
+    q, cache, w, pos, table, lens = _paged("closed", [900, 400], 4, 64)
+    pos = pos - 4 * torch.tensor([[300], [10]], device="cuda") + torch.arange(4, device="cuda")
+    for ratio in (4, 1):
+        kw = dict(topk=256, compress_ratio=ratio, scale=0.5)
+        got = dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens, **kw)
+        assert torch.equal(got.cpu(), ref.indexer_topk_paged(q, cache, w, pos, table, lens, **kw))
+
+
+def test_paged_kernel_in_a_cuda_graph():
+    """A decode step captured once and replayed with new context lengths, positions and block
+    tables (no host sync: the plan depends on shapes only)."""
+    q, cache, w, pos, table, lens = _paged("pgraph", [600, 300, 50], 1, 64)
+    kw = dict(topk=128, compress_ratio=4, scale=0.5)
+    dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens, **kw)
+    gen = torch.Generator().manual_seed(3)
+    num_blocks, width = cache.shape[0], table.shape[1]
+    for new_lens in ([300, 600, 1], [64, 0, 640]):  # at most width * 64 = 704 rows
+        lens.copy_(torch.tensor(new_lens))
+        pos.copy_(4 * lens[:, None] - 1)
+        table.copy_(torch.randint(0, num_blocks, (3, width), generator=gen))
+        out.fill_(-7)
+        graph.replay()
+        assert torch.equal(out.cpu(), ref.indexer_topk_paged(q, cache, w, pos, table, lens, **kw))
+
+
+def test_paged_route_names_its_reasons():
+    q, cache, w, pos, table, lens = _paged("proute", [100, 20], 1, 16)
+    plan = lambda *a, **kw: dsv4_attn.launch_plan("dsv4_indexer_topk_paged", *a,  # noqa: E731
+                                                  topk=8, compress_ratio=4, **kw)
+    assert plan(q, cache, w, pos, table, lens).startswith("sm90 indexer queries_per_block=8")
+    assert "not float8_e4m3fn" in plan(q.float(), cache, w, pos, table, lens)
+    assert "power of two" in plan(q[:, :, :12], cache, w[..., :12], pos, table, lens)
+    assert "64 rows" in plan(q, cache[:, :32], w, pos, table, lens)
+    assert "topk above 2048" in dsv4_attn.launch_plan(
+        "dsv4_indexer_topk_paged", q, cache, w, pos, table, lens, topk=4096, compress_ratio=4)
+    # Off the kernel, the reference path gives the same picks (exact scores).
+    kw = dict(topk=8, compress_ratio=4, scale=0.5)
+    got = dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens, **kw)
+    assert torch.equal(got, dsv4_attn.dsv4_indexer_topk_paged(q.float(), cache, w, pos, table,
+                                                              lens, **kw))

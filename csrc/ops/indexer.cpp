@@ -2,7 +2,7 @@
 // the scores of a block of queries against all of its sequence's rows, one head at a time (so
 // memory stays at a block x rows fp32 tensor, never Sq x H x Sc), then a stable sort for the
 // top-k (ties to the lower row). dsv4_indexer_topk_paged, its form over the paged FP8 indexer
-// cache, has the reference path only so far.
+// cache: the sm90 kernels for float8_e4m3 q, the reference path elsewhere.
 #include "ops/indexer.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -216,6 +216,11 @@ constexpr int64_t kCacheDim = 128;       // float8_e4m3 values per row
 constexpr int64_t kCacheRowBytes = 132;  // per row of a block: 128 values and an fp32 scale
 constexpr int64_t kDequantBudget = int64_t(256) << 20;  // fp32 rows dequantized at once
 
+Route<IndexerPlan> route_paged(const IndexerPagedCall& c, bool for_plan) {
+  const Overrides overrides = read_overrides();
+  return route_indexer_paged(c, device_facts(c.q, overrides, for_plan));
+}
+
 void check_index_dtype(const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, kPagedOp, ": ", name,
               " must be int32 or int64 (got ", t.scalar_type(), ")");
@@ -322,6 +327,11 @@ IndexerPagedCall check_indexer_paged_inputs(const at::Tensor& q, const at::Tenso
 // min(context_lens[b], (p + 1) // compress_ratio) score -inf before a stable sort.
 at::Tensor dsv4_indexer_topk_paged(const IndexerPagedCall& c) {
   c10::DeviceGuard guard(c.q.device());
+  if (const Route<IndexerPlan> r = route_paged(c, false); r.sm90) {
+    at::Tensor out = at::empty({c.q.size(0), c.q.size(1), c.topk}, c.q.options().dtype(at::kInt));
+    run_indexer_paged(c, r.plan, out);
+    return out;
+  }
   const int64_t batch = c.q.size(0), tokens = c.q.size(1);
   const int64_t num_blocks = c.k_cache.size(0), rows = c.k_cache.size(1);
   const int64_t max_blocks = c.block_table.size(1), span = max_blocks * rows;
@@ -359,10 +369,13 @@ at::Tensor dsv4_indexer_topk_paged(const IndexerPagedCall& c) {
   return out;
 }
 
-std::string dsv4_indexer_topk_paged_path(const IndexerPagedCall&) { return "reference"; }
+std::string dsv4_indexer_topk_paged_path(const IndexerPagedCall& c) {
+  return route_paged(c, false).sm90 ? "sm90" : "reference";
+}
 
-std::string dsv4_indexer_topk_paged_plan(const IndexerPagedCall&) {
-  return "reference: the paged form has no sm90 kernel yet";
+std::string dsv4_indexer_topk_paged_plan(const IndexerPagedCall& c) {
+  const Route<IndexerPlan> r = route_paged(c, true);
+  return r.sm90 ? "sm90 " + describe(r.plan) : "reference: " + r.why_not;
 }
 
 }  // namespace dsv4

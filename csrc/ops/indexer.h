@@ -32,11 +32,7 @@ std::string dsv4_indexer_topk_plan(const IndexerCall& call);
 // multi-token prediction) over vLLM's paged FP8 indexer cache (README: "The paged indexer
 // cache"): k_cache (num_blocks, P, 1, 132) uint8, each block P rows of 128 float8_e4m3 values,
 // then P fp32 scales; request b's row s lives in block block_table[b, s / P], row s % P.
-struct IndexerPagedCall {
-  at::Tensor q, k_cache, weights, positions, block_table, context_lens;
-  int64_t topk = 0, compress_ratio = 1;
-  double scale = 0.0;
-};
+using IndexerPagedCall = IndexerPagedProblem;
 
 // The op's arguments, in schema order (torch_bindings.cpp's kIndexerPagedArgs).
 IndexerPagedCall check_indexer_paged_inputs(const at::Tensor& q, const at::Tensor& k_cache,

@@ -1,6 +1,7 @@
 // The indexer's route: the kernels' shapes (bf16/fp16 or float8_e4m3, D = 128, H a power of two
-// from 8 to 128, topk up to 2048, dense or varlen) and the chunking of the score workspace. A
-// varlen call is planned from max_seqlen_q and max_seqlen_k, so it needs no host sync.
+// from 8 to 128, topk up to 2048, dense or varlen; the paged form float8_e4m3 over 64-row pages)
+// and the chunking of the score workspace. A varlen call is planned from max_seqlen_q and
+// max_seqlen_k, so it needs no host sync.
 #include "sm90/indexer/api.h"
 
 #include "sm90/indexer/params.h"
@@ -14,6 +15,19 @@ namespace dsv4 {
 namespace {
 // The scores' workspace: one buffer where the whole call fits, else two buffers of half.
 constexpr int64_t kWorkspaceBudget = int64_t(60) << 20;
+
+// The workspace's chunks and buffers for plan.total_blocks blocks of queries_per_block rows of
+// row_stride floats.
+void plan_chunks(IndexerPlan& plan) {
+  const int64_t total_blocks = plan.total_blocks;
+  const int64_t block_bytes = int64_t(plan.queries_per_block) * plan.row_stride * 4;
+  plan.buffers = total_blocks * block_bytes <= kWorkspaceBudget ? 1 : 2;
+  const int64_t fit = std::max<int64_t>(
+      1, std::min<int64_t>(kWorkspaceBudget / plan.buffers / block_bytes, 65535));
+  plan.num_chunks = static_cast<int>((total_blocks + fit - 1) / fit);
+  plan.buffers = std::min(plan.buffers, plan.num_chunks);
+  plan.chunk_blocks = static_cast<int>((total_blocks + plan.num_chunks - 1) / plan.num_chunks);
+}
 }  // namespace
 
 Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& device) {
@@ -53,21 +67,64 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
   if (total_blocks >= (int64_t(1) << 31)) return R::reference("too many query blocks");
   plan.total_blocks = static_cast<int>(total_blocks);
   plan.row_stride = (seq_c + 63) / 64 * 64;
-  const int64_t block_bytes = int64_t(plan.queries_per_block) * plan.row_stride * 4;
-  plan.buffers = total_blocks * block_bytes <= kWorkspaceBudget ? 1 : 2;
-  const int64_t fit = std::max<int64_t>(
-      1, std::min<int64_t>(kWorkspaceBudget / plan.buffers / block_bytes, 65535));
-  plan.num_chunks = static_cast<int>((total_blocks + fit - 1) / fit);
-  plan.buffers = std::min(plan.buffers, plan.num_chunks);
-  plan.chunk_blocks = static_cast<int>((total_blocks + plan.num_chunks - 1) / plan.num_chunks);
+  plan_chunks(plan);
   plan.splits = static_cast<int>((plan.row_stride / 64 + kIndexerTilesPerSplit - 1) /
                                  kIndexerTilesPerSplit);
   plan.smem_keys = static_cast<int>(std::min<int64_t>(seq_c, kIndexerKeyCapacity));
   return R::kernel(plan);
 }
 
+Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& pr, const DeviceFacts& device) {
+  using R = Route<IndexerPlan>;
+  if (!device.sm90) return R::reference(device.why_not);
+  if (pr.q.scalar_type() != at::kFloat8_e4m3fn) {
+    return R::reference("q is not float8_e4m3fn (the paged kernel scores the serving mode)");
+  }
+  const int64_t batch = pr.q.size(0), tokens = pr.q.size(1), heads = pr.q.size(2);
+  const int64_t pages = pr.block_table.size(1), num_blocks = pr.k_cache.size(0);
+  if (heads < 8 || heads > kIndexerColumns || (heads & (heads - 1)) != 0) {
+    return R::reference("heads not a power of two from 8 to " + std::to_string(kIndexerColumns));
+  }
+  if (pr.topk > kIndexerMaxTopk) return R::reference("topk above 2048");
+  if (pr.k_cache.size(1) != kIndexerPageRows) {
+    return R::reference("k_cache's blocks do not hold 64 rows");
+  }
+  if (batch == 0 || tokens == 0 || pages == 0) return R::reference("no queries or no rows");
+  if (pr.q.stride(1) != heads * pr.q.stride(2) || !tma_compatible(pr.q)) {
+    return R::reference("q strides TMA cannot describe (its heads must be contiguous rows)");
+  }
+  if (pages > 1 && pr.block_table.stride(1) != 1) {
+    return R::reference("block_table's rows are not contiguous");
+  }
+  const bool aligned = reinterpret_cast<uintptr_t>(pr.k_cache.data_ptr()) % 16 == 0 &&
+                       (num_blocks == 1 || pr.k_cache.stride(0) % 16 == 0);
+  if (!aligned) return R::reference("k_cache's base or block stride is not a multiple of 16 bytes");
+  if (tokens * heads >= (int64_t(1) << 31) || num_blocks >= (int64_t(1) << 31) ||
+      pages * kIndexerPageRows >= (int64_t(1) << 30)) {
+    return R::reference("more query rows or cache rows than the kernels index");
+  }
+  IndexerPlan plan;
+  plan.queries_per_block = static_cast<int>(kIndexerColumns / heads);  // all consumers share them
+  plan.blocks_per_seq = static_cast<int>((tokens + plan.queries_per_block - 1) /
+                                         plan.queries_per_block);
+  const int64_t total_blocks = batch * plan.blocks_per_seq;
+  if (total_blocks >= (int64_t(1) << 31)) return R::reference("too many query blocks");
+  plan.total_blocks = static_cast<int>(total_blocks);
+  plan.row_stride = pages * kIndexerPageRows;
+  plan_chunks(plan);
+  // About four score CTAs per SM over the table's pages (two run at once): 4 to 32 pages each.
+  const int64_t sms = std::max(device.num_sms, 1);
+  plan.tiles_per_split = static_cast<int>(
+      std::clamp<int64_t>((total_blocks * pages + 4 * sms - 1) / (4 * sms), 4, 32));
+  plan.splits = static_cast<int>((pages + plan.tiles_per_split - 1) / plan.tiles_per_split);
+  plan.smem_keys = static_cast<int>(std::min<int64_t>(plan.row_stride, kIndexerKeyCapacity));
+  return R::kernel(plan);
+}
+
 std::string describe(const IndexerPlan& p) {
-  return "indexer queries_per_block=" + std::to_string(p.queries_per_block) +
+  const std::string pages =
+      p.tiles_per_split > 0 ? " pages_per_split=" + std::to_string(p.tiles_per_split) : "";
+  return "indexer queries_per_block=" + std::to_string(p.queries_per_block) + pages +
          " chunks=" + std::to_string(p.num_chunks) + "x" + std::to_string(p.chunk_blocks) +
          " buffers=" + std::to_string(p.buffers) + " splits=" + std::to_string(p.splits) +
          " workspace=" + std::to_string((p.workspace_bytes() + (1 << 20) - 1) >> 20) + "MB";
@@ -75,6 +132,9 @@ std::string describe(const IndexerPlan& p) {
 
 #ifndef DSV4_WITH_CUDA
 void run_indexer(const IndexerProblem&, const IndexerPlan&, at::Tensor&) {
+  TORCH_CHECK(false, "dsv4: this build has no CUDA kernels");
+}
+void run_indexer_paged(const IndexerPagedProblem&, const IndexerPlan&, at::Tensor&) {
   TORCH_CHECK(false, "dsv4: this build has no CUDA kernels");
 }
 #endif

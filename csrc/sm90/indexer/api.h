@@ -23,6 +23,15 @@ struct IndexerProblem {
   bool varlen = false;
 };
 
+// dsv4_indexer_topk_paged's validated call (csrc/ops/indexer.cpp): q (B, N, H, 128), vLLM's paged
+// FP8 indexer cache k_cache (num_blocks, P, 1, 132) uint8, weights (B, N, H), positions (B, N),
+// block_table (B, max_blocks), context_lens (B,).
+struct IndexerPagedProblem {
+  at::Tensor q, k_cache, weights, positions, block_table, context_lens;
+  int64_t topk = 0, compress_ratio = 1;
+  double scale = 0.0;
+};
+
 struct IndexerPlan {
   int queries_per_block = 0;  // per score CTA: kIndexerConsumers of kIndexerColumns / H queries
   int blocks_per_seq = 0, total_blocks = 0;
@@ -31,6 +40,7 @@ struct IndexerPlan {
   // streams (launch.cu).
   int buffers = 1;
   int splits = 0;          // key splits of a block in the score grid
+  int tiles_per_split = 0;  // the paged form's pages per score CTA (the dense form's is fixed)
   int64_t row_stride = 0;  // floats per workspace row
   int smem_keys = 0;       // keys a top-k CTA stages in shared memory
   int64_t buffer_floats() const { return int64_t(chunk_blocks) * queries_per_block * row_stride; }
@@ -38,11 +48,16 @@ struct IndexerPlan {
 };
 
 Route<IndexerPlan> route_indexer(const IndexerProblem& problem, const DeviceFacts& device);
+Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& problem,
+                                       const DeviceFacts& device);
 std::string describe(const IndexerPlan& plan);
 
 // Queues the kernels chunk by chunk on the current stream and, with two buffers, the second
 // buffer's chunks on a side stream that the current stream waits for at the end.
 // out (B, Sq, topk) or (T, topk) int32 contiguous.
 void run_indexer(const IndexerProblem& problem, const IndexerPlan& plan, at::Tensor& out);
+// out (B, N, topk) int32 contiguous.
+void run_indexer_paged(const IndexerPagedProblem& problem, const IndexerPlan& plan,
+                       at::Tensor& out);
 
 }  // namespace dsv4

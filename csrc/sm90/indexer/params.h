@@ -19,6 +19,20 @@ constexpr int kIndexerTilesPerSplit = 32;   // 64-row key tiles per score CTA: 2
 constexpr int kIndexerConsumers = 4;
 constexpr int kIndexerColumns = 128;
 
+// vLLM's paged FP8 indexer cache: block i at base + i block_stride holds kIndexerPageRows rows of
+// 128 float8_e4m3 values (128 bytes each), then their fp32 scales; request b's page j is block
+// block_table[b table_stride + j] (trusted, clamped into [0, num_blocks)).
+constexpr int kIndexerPageRows = 64;  // a page is one 64-row key tile
+struct IndexerPagedCache {
+  const uint8_t* base;
+  int64_t block_stride;  // bytes
+  int num_blocks;
+  const void* block_table;
+  bool table_64;         // int64 entries (else int32)
+  int64_t table_stride;  // entries per request
+  int tiles_per_split;   // pages per score CTA (at most 32: one warp reads their block ids)
+};
+
 // Tensors are seen as (Bv, Sv, ...) views: dense calls have Bv = B sequences of Sv = Sq queries
 // and Sc rows; varlen calls one view (Bv = 1) of T queries and total_c rows, in which sequence b
 // starts at cu_seqlens_q[b] and cu_seqlens_k[b].
@@ -36,6 +50,7 @@ struct IndexerParams {
   int32_t* out;               // (B, Sq, topk) or (T, topk) int32 contiguous
   const int* cu_seqlens_q;    // varlen: (B + 1,) int32, trusted (reads clamped into the
   const int* cu_seqlens_k;    // tensors); nullptr for dense calls
+  const int* context_lens;    // dense: (B,) int32 rows per sequence (clamped to seq_c), or nullptr
   int total_q, total_c;       // varlen: T and total_c
   int seq_q, seq_c;           // dense: Sq and Sc; varlen: the longest sequences (max_seqlen_*)
   int heads, topk, compress_ratio;
@@ -44,6 +59,7 @@ struct IndexerParams {
   int blocks_per_seq, total_blocks, num_chunks, chunk_blocks;
   int chunk;                  // this launch's chunk
   int smem_keys;              // keys a top-k CTA stages in shared memory
+  IndexerPagedCache paged;    // dsv4_indexer_topk_paged's cache (paged_score.cuh)
 };
 
 }  // namespace dsv4

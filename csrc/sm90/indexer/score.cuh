@@ -401,15 +401,7 @@ __global__ void __launch_bounds__(IndexerScoreTraits<Element>::kThreads, 1)
   IndexerBlock blk;
   if (!indexer_block(p, blockIdx.y, blk)) return;
   if (threadIdx.x < 32) {
-    int visible = 0;
-    for (int i = threadIdx.x; i < p.queries_per_block; i += 32) {
-      const int q = blk.first_query + i;
-      if (q < blk.seq_q) {
-        visible = max(visible, indexer_visible_rows(indexer_position(p, blk, q),
-                                                    p.compress_ratio, blk.seq_c));
-      }
-    }
-    visible = __reduce_max_sync(0xffffffffu, visible);
+    const int visible = indexer_block_visible(p, blk, threadIdx.x);
     if (threadIdx.x == 0) {
       s.visible = visible;
       ptx::mbarrier_init(ptx::smem_addr(&s.q_full), 1);

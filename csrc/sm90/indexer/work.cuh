@@ -28,7 +28,7 @@ __device__ __forceinline__ bool indexer_block(const IndexerParams& p, int local,
   if (p.cu_seqlens_q == nullptr) {
     blk.batch = seq;
     blk.seq_q = p.seq_q;
-    blk.seq_c = p.seq_c;
+    blk.seq_c = p.context_lens == nullptr ? p.seq_c : min(max(p.context_lens[seq], 0), p.seq_c);
     blk.q0 = blk.k0 = 0;
     blk.token0 = static_cast<int64_t>(seq) * p.seq_q;
     return true;
@@ -59,6 +59,20 @@ __device__ __forceinline__ int64_t indexer_position(const IndexerParams& p,
 __device__ __forceinline__ int indexer_visible_rows(int64_t pos, int compress_ratio, int seq_c) {
   const int64_t closed = pos + 1 < 0 ? 0 : (pos + 1) / compress_ratio;
   return static_cast<int>(closed < seq_c ? closed : seq_c);
+}
+
+// The most closed rows of any query of the block, for every lane of the calling warp.
+__device__ __forceinline__ int indexer_block_visible(const IndexerParams& p,
+                                                     const IndexerBlock& blk, int lane) {
+  int visible = 0;
+  for (int i = lane; i < p.queries_per_block; i += 32) {
+    const int q = blk.first_query + i;
+    if (q < blk.seq_q) {
+      visible = max(visible, indexer_visible_rows(indexer_position(p, blk, q), p.compress_ratio,
+                                                  blk.seq_c));
+    }
+  }
+  return __reduce_max_sync(0xffffffffu, visible);
 }
 
 }  // namespace dsv4
