@@ -33,7 +33,9 @@ struct IndexerPagedProblem {
 };
 
 struct IndexerPlan {
-  int queries_per_block = 0;  // per score CTA: kIndexerConsumers of kIndexerColumns / H queries
+  // Per score CTA: kIndexerConsumers of kIndexerColumns / H queries (dense); kIndexerColumns / H
+  // that all its consumers share (paged).
+  int queries_per_block = 0;
   int blocks_per_seq = 0, total_blocks = 0;
   int chunk_blocks = 0, num_chunks = 0;
   // Chunk c's scores live in buffer c % buffers: with two, the buffers' chunks run on two
