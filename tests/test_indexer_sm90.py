@@ -354,6 +354,7 @@ def _poisoned_paged(*args, **kw):
     ([1000, 3000, 64, 5], 2, 32, 512, 48, torch.int32),  # MTP, several splits, padded blocks
     ([700, 130], 3, 8, 64, 0, torch.int64),          # 8 heads: 16 queries a block; int64 indices
     ([2100, 9], 1, 128, 2048, 0, torch.int32),       # 128 heads, the largest topk, -1 tails
+    ([1500, 640], 2, 64, 128, 0, torch.int32),       # 64 heads, 2 queries: 128 columns
 ])
 def test_paged_kernel_matches_oracle_exactly(lens, tokens, heads, topk, block_pad, index_dtype):
     args = _paged("paged", lens, tokens, heads, block_pad, index_dtype)
@@ -401,7 +402,8 @@ def test_paged_route_names_its_reasons():
     q, cache, w, pos, table, lens = _paged("proute", [100, 20], 1, 16)
     plan = lambda *a, **kw: dsv4_attn.launch_plan("dsv4_indexer_topk_paged", *a,  # noqa: E731
                                                   topk=8, compress_ratio=4, **kw)
-    assert plan(q, cache, w, pos, table, lens).startswith("sm90 indexer queries_per_block=8")
+    assert plan(q, cache, w, pos, table, lens).startswith(
+        "sm90 indexer queries_per_block=4 columns=64 ")  # 16 heads, one query: 64 columns
     assert "not float8_e4m3fn" in plan(q.float(), cache, w, pos, table, lens)
     assert "power of two" in plan(q[:, :, :12], cache, w[..., :12], pos, table, lens)
     assert "64 rows" in plan(q, cache[:, :32], w, pos, table, lens)

@@ -104,7 +104,9 @@ Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& pr, const Devi
     return R::reference("more query rows or cache rows than the kernels index");
   }
   IndexerPlan plan;
-  plan.queries_per_block = static_cast<int>(kIndexerColumns / heads);  // all consumers share them
+  // 64 columns where a request's queries fit them (decode at 64 heads): no dead half.
+  plan.columns = tokens * heads <= 64 ? 64 : kIndexerColumns;
+  plan.queries_per_block = static_cast<int>(plan.columns / heads);  // all consumers share them
   plan.blocks_per_seq = static_cast<int>((tokens + plan.queries_per_block - 1) /
                                          plan.queries_per_block);
   const int64_t total_blocks = batch * plan.blocks_per_seq;
@@ -122,8 +124,10 @@ Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& pr, const Devi
 }
 
 std::string describe(const IndexerPlan& p) {
-  const std::string pages =
-      p.tiles_per_split > 0 ? " pages_per_split=" + std::to_string(p.tiles_per_split) : "";
+  const std::string pages = p.tiles_per_split > 0
+                                ? " columns=" + std::to_string(p.columns) +
+                                      " pages_per_split=" + std::to_string(p.tiles_per_split)
+                                : "";
   return "indexer queries_per_block=" + std::to_string(p.queries_per_block) + pages +
          " chunks=" + std::to_string(p.num_chunks) + "x" + std::to_string(p.chunk_blocks) +
          " buffers=" + std::to_string(p.buffers) + " splits=" + std::to_string(p.splits) +

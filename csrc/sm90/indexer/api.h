@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "sm90/indexer/params.h"
 #include "sm90/shared/plan.h"
 
 namespace dsv4 {
@@ -33,9 +34,10 @@ struct IndexerPagedProblem {
 };
 
 struct IndexerPlan {
-  // Per score CTA: kIndexerConsumers of kIndexerColumns / H queries (dense); kIndexerColumns / H
-  // that all its consumers share (paged).
+  // Per score CTA: kIndexerConsumers of kIndexerColumns / H queries (dense); columns / H that all
+  // its consumers share (paged).
   int queries_per_block = 0;
+  int columns = kIndexerColumns;  // the paged form's (query, head) columns: 64 or 128
   int blocks_per_seq = 0, total_blocks = 0;
   int chunk_blocks = 0, num_chunks = 0;
   // Chunk c's scores live in buffer c % buffers: with two, the buffers' chunks run on two

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAException.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "sm90/indexer/api.h"
 #include "sm90/indexer/paged_score.cuh"
@@ -51,12 +52,11 @@ void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, int devic
   }
 }
 
-template <typename Element>
-void launch_dense(const IndexerParams& p, const IndexerPlan& plan, const CUtensorMap& tq,
-                  const CUtensorMap& tk, int device, const at::cuda::CUDAStream& stream,
-                  const at::cuda::CUDAStream& side) {
-  using Traits = IndexerScoreTraits<Element>;
-  constexpr auto kScore = indexer_score_kernel<Element>;
+// A score kernel (score.cuh's or paged_score.cuh's) and the top-k, chunk by chunk.
+template <typename Traits, auto kScore>
+void launch_kernels(const IndexerParams& p, const IndexerPlan& plan, const CUtensorMap& tq,
+                    const CUtensorMap& tk, int device, const at::cuda::CUDAStream& stream,
+                    const at::cuda::CUDAStream& side) {
   allow_dynamic_smem<kScore>(device, Traits::kSmemBytes);
   launch_chunks(p, plan, device, stream, side, [&](const IndexerParams& chunk, cudaStream_t on) {
     kScore<<<dim3(plan.splits, plan.chunk_blocks), Traits::kThreads, Traits::kSmemBytes, on>>>(
@@ -135,17 +135,21 @@ void run_indexer(const IndexerProblem& pr, const IndexerPlan& plan, at::Tensor& 
   const int device = pr.q.get_device();
   const at::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream(device);
   const at::cuda::CUDAStream side = side_stream(plan, device, stream);
+  const auto launch = [&](auto element) {
+    using Element = decltype(element);
+    launch_kernels<IndexerScoreTraits<Element>, indexer_score_kernel<Element>>(
+        p, plan, tq, tk, device, stream, side);
+  };
   if (pr.q.scalar_type() == at::kBFloat16) {
-    launch_dense<__nv_bfloat16>(p, plan, tq, tk, device, stream, side);
+    launch(__nv_bfloat16{});
   } else if (pr.q.scalar_type() == at::kFloat8_e4m3fn) {
-    launch_dense<__nv_fp8_e4m3>(p, plan, tq, tk, device, stream, side);
+    launch(__nv_fp8_e4m3{});
   } else {
-    launch_dense<__half>(p, plan, tq, tk, device, stream, side);
+    launch(__half{});
   }
 }
 
 void run_indexer_paged(const IndexerPagedProblem& pr, const IndexerPlan& plan, at::Tensor& out) {
-  using Traits = IndexerPagedTraits;
   const at::Tensor& q = pr.q;  // (B, N, H, 128) float8_e4m3fn
   const int64_t batch = q.size(0), heads = q.size(2);
   const int64_t num_blocks = pr.k_cache.size(0);
@@ -156,7 +160,7 @@ void run_indexer_paged(const IndexerPagedProblem& pr, const IndexerPlan& plan, a
                                          {q.stride(0), q.stride(2), q.stride(2), q.stride(3)});
   const at::Tensor values = pr.k_cache.as_strided({num_blocks, kIndexerPageRows, 1, 128},
                                                   {block_stride, 128, 128, 1});
-  const CUtensorMap tq = make_tensor_map_bshd(kPagedOp, q_rows, "q", kIndexerColumns, 1);
+  const CUtensorMap tq = make_tensor_map_bshd(kPagedOp, q_rows, "q", plan.columns, 1);
   const CUtensorMap tk = make_tensor_map_bshd(kPagedOp, values, "k_cache", kIndexerPageRows, 1);
   const at::Tensor weights = pr.weights.to(at::kFloat).contiguous();
   const at::Tensor lens = pr.context_lens.to(at::kInt);  // on the device: no sync
@@ -177,11 +181,16 @@ void run_indexer_paged(const IndexerPagedProblem& pr, const IndexerPlan& plan, a
   const int device = q.get_device();
   const at::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream(device);
   const at::cuda::CUDAStream side = side_stream(plan, device, stream);
-  allow_dynamic_smem<indexer_paged_score_kernel>(device, Traits::kSmemBytes);
-  launch_chunks(p, plan, device, stream, side, [&](const IndexerParams& chunk, cudaStream_t on) {
-    indexer_paged_score_kernel<<<dim3(plan.splits, plan.chunk_blocks), Traits::kThreads,
-                                 Traits::kSmemBytes, on>>>(tq, tk, chunk);
-  });
+  const auto launch = [&](auto columns) {
+    constexpr int kColumns = decltype(columns)::value;
+    launch_kernels<IndexerPagedTraits<kColumns>, indexer_paged_score_kernel<kColumns>>(
+        p, plan, tq, tk, device, stream, side);
+  };
+  if (plan.columns == 64) {
+    launch(std::integral_constant<int, 64>{});
+  } else {
+    launch(std::integral_constant<int, kIndexerColumns>{});
+  }
 }
 
 }  // namespace dsv4

@@ -25,8 +25,9 @@
 
 namespace dsv4 {
 
+template <int kColumns_>
 struct IndexerPagedTraits {
-  static constexpr int kColumns = kIndexerColumns;  // (query, head) columns: wgmma's N
+  static constexpr int kColumns = kColumns_;  // (query, head) columns: wgmma's N
   static constexpr int kTileRows = kIndexerPageRows;
   static constexpr int kConsumers = 2;
   static constexpr int kStages = 8;
@@ -49,16 +50,19 @@ struct IndexerPagedTraits {
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage)) + 1024;
 };
+template <int kColumns>
+using IndexerPagedShared = typename IndexerPagedTraits<kColumns>::SharedStorage;
 
 // The producer warp: the split's block ids (a lane each, clamped into the cache), then lane 0
 // loads the queries and streams the pages through the ring.
-__device__ __forceinline__ void indexer_paged_produce(IndexerPagedTraits::SharedStorage& s,
+template <int kColumns>
+__device__ __forceinline__ void indexer_paged_produce(IndexerPagedShared<kColumns>& s,
                                                       const CUtensorMap* tmap_q,
                                                       const CUtensorMap* tmap_k,
                                                       const IndexerParams& p,
                                                       const IndexerBlock& blk,
                                                       IndexerTiles tiles, int lane) {
-  using T = IndexerPagedTraits;
+  using T = IndexerPagedTraits<kColumns>;
   const IndexerPagedCache& c = p.paged;
   if (lane < tiles.last - tiles.first) {
     const int64_t at = blk.batch * c.table_stride + tiles.first + lane;
@@ -88,12 +92,12 @@ __device__ __forceinline__ void indexer_paged_produce(IndexerPagedTraits::Shared
 // Consumer `wg` of the block's kQ = N / H queries: the weights (all consumers share them), then
 // tiles wg, wg + kConsumers, ...: S = K Q^T (64 x N, 128 dims in four k32 steps), the stage
 // released once the row scales are read, and the scores stored (score.cuh's epilogue).
-template <int kQ>
-__device__ __forceinline__ void indexer_paged_consume(IndexerPagedTraits::SharedStorage& s,
+template <int kColumns, int kQ>
+__device__ __forceinline__ void indexer_paged_consume(IndexerPagedShared<kColumns>& s,
                                                       const IndexerParams& p,
                                                       const IndexerBlock& blk,
                                                       IndexerTiles tiles, int wg) {
-  using T = IndexerPagedTraits;
+  using T = IndexerPagedTraits<kColumns>;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   for (int c = threadIdx.x; c < T::kColumns; c += 128 * T::kConsumers) {
     const int q = blk.first_query + c / p.heads;
@@ -131,28 +135,30 @@ __device__ __forceinline__ void indexer_paged_consume(IndexerPagedTraits::Shared
   }
 }
 
-template <int kQ>
+template <int kColumns, int kQ>
 __device__ __forceinline__ void indexer_paged_consume_per_heads(
-    IndexerPagedTraits::SharedStorage& s, const IndexerParams& p, const IndexerBlock& blk,
+    IndexerPagedShared<kColumns>& s, const IndexerParams& p, const IndexerBlock& blk,
     IndexerTiles tiles, int wg, int head_levels) {
   if constexpr (kQ >= 1) {
     if (head_levels == 0) {
-      indexer_paged_consume<kQ>(s, p, blk, tiles, wg);
+      indexer_paged_consume<kColumns, kQ>(s, p, blk, tiles, wg);
     } else {
-      indexer_paged_consume_per_heads<kQ / 2>(s, p, blk, tiles, wg, head_levels - 1);
+      indexer_paged_consume_per_heads<kColumns, kQ / 2>(s, p, blk, tiles, wg, head_levels - 1);
     }
   }
 }
 
 // Grid (splits, chunk_blocks): CTA (x, y) scores pages [x, x + 1) * tiles_per_split of the
 // chunk's block y, or exits at once past the block's closed rows.
-__global__ void __launch_bounds__(IndexerPagedTraits::kThreads, IndexerPagedTraits::kCtasPerSm)
+template <int kColumns>
+__global__ void __launch_bounds__(IndexerPagedTraits<kColumns>::kThreads,
+                                  IndexerPagedTraits<kColumns>::kCtasPerSm)
     indexer_paged_score_kernel(const __grid_constant__ CUtensorMap tmap_q,
                                const __grid_constant__ CUtensorMap tmap_k,
                                const IndexerParams p) {
-  using T = IndexerPagedTraits;
+  using T = IndexerPagedTraits<kColumns>;
   extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<T::SharedStorage*>(
+  auto& s = *reinterpret_cast<IndexerPagedShared<kColumns>*>(
       smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
   IndexerBlock blk;
   if (!indexer_block(p, blockIdx.y, blk)) return;
@@ -176,9 +182,9 @@ __global__ void __launch_bounds__(IndexerPagedTraits::kThreads, IndexerPagedTrai
   if (tiles.first >= tiles.last) return;  // nothing closed in this split
   const int wg = threadIdx.x / 128;
   if (wg == T::kConsumers) {
-    indexer_paged_produce(s, &tmap_q, &tmap_k, p, blk, tiles, threadIdx.x % 32);
+    indexer_paged_produce<kColumns>(s, &tmap_q, &tmap_k, p, blk, tiles, threadIdx.x % 32);
   } else {
-    indexer_paged_consume_per_heads<T::kColumns / 8>(s, p, blk, tiles, wg, p.head_levels);
+    indexer_paged_consume_per_heads<kColumns, kColumns / 8>(s, p, blk, tiles, wg, p.head_levels);
   }
 }
 
