@@ -55,7 +55,7 @@ struct IndexerParams {
   int seq_q, seq_c;           // dense: Sq and Sc; varlen: the longest sequences (max_seqlen_*)
   int heads, topk, compress_ratio;
   int head_levels;            // log2(heads / 8): the head sum's tree depth per query
-  int queries_per_block;      // kIndexerConsumers warpgroups of kIndexerColumns / H queries
+  int queries_per_block;      // per score CTA (api.h's IndexerPlan)
   int blocks_per_seq, total_blocks, num_chunks, chunk_blocks;
   int chunk;                  // this launch's chunk
   int smem_keys;              // keys a top-k CTA stages in shared memory
