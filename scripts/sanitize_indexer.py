@@ -11,6 +11,7 @@ import dsv4_attn
 torch.manual_seed(0)
 calls = [  # (B, Sq, Sc, H, topk, dtype, extra)
     (1, 40, 2100, 64, 512, torch.bfloat16, {}),
+    (1, 40, 2048, 64, 512, torch.bfloat16, {}),  # the warp top-k's longest rows
     (1, 70, 300, 8, 64, torch.float16, {"scale": -0.5}),
     (2, 5, 90, 128, 16, torch.bfloat16, {"k_scale": True}),
     (1, 40, 2100, 64, 512, torch.float8_e4m3fn, {"k_scale": True}),

@@ -315,6 +315,11 @@ def test_route_names_its_reasons():
     plan = lambda *a, **kw: dsv4_attn.launch_plan("dsv4_indexer_topk", *a, topk=8,  # noqa: E731
                                                   compress_ratio=4, **kw)
     assert plan(q, k, w, pos).startswith("sm90 indexer queries_per_block=8")
+    assert plan(q, k, w, pos).endswith(" topk=warp")  # short rows: a warp per query
+    assert dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos, topk=513,
+                                 compress_ratio=4).endswith(" topk=cta")
+    long_k = torch.cat([k] * 33, dim=1)  # 2112 rows: past a warp's keys
+    assert plan(q, long_k, w, pos).endswith(" topk=cta")
     assert "head dim is not 128" in plan(q[..., :64], k[..., :64], w, pos)
     assert "power of two" in plan(q[:, :, :48], k, w[..., :48], pos)
     wide = torch.cat([q] * 4, dim=2)  # 256 heads: more than a consumer's 128 columns
@@ -355,6 +360,7 @@ def _poisoned_paged(*args, **kw):
     ([700, 130], 3, 8, 64, 0, torch.int64),          # 8 heads: 16 queries a block; int64 indices
     ([2100, 9], 1, 128, 2048, 0, torch.int32),       # 128 heads, the largest topk, -1 tails
     ([1500, 640], 2, 64, 128, 0, torch.int32),       # 64 heads, 2 queries: 128 columns
+    ([1900, 2000, 300], 1, 64, 512, 0, torch.int32),  # the warp top-k near its longest rows
 ])
 def test_paged_kernel_matches_oracle_exactly(lens, tokens, heads, topk, block_pad, index_dtype):
     args = _paged("paged", lens, tokens, heads, block_pad, index_dtype)

@@ -28,6 +28,11 @@ void plan_chunks(IndexerPlan& plan) {
   plan.buffers = std::min(plan.buffers, plan.num_chunks);
   plan.chunk_blocks = static_cast<int>((total_blocks + plan.num_chunks - 1) / plan.num_chunks);
 }
+
+// A warp per query where no row is longer than kIndexerWarpTopkRows and topk fits its list.
+bool fits_warp_topk(const IndexerPlan& plan, int64_t topk) {
+  return plan.row_stride <= kIndexerWarpTopkRows && topk <= kIndexerWarpTopkMax;
+}
 }  // namespace
 
 Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& device) {
@@ -71,6 +76,7 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
   plan.splits = static_cast<int>((plan.row_stride / 64 + kIndexerTilesPerSplit - 1) /
                                  kIndexerTilesPerSplit);
   plan.smem_keys = static_cast<int>(std::min<int64_t>(seq_c, kIndexerKeyCapacity));
+  plan.warp_topk = fits_warp_topk(plan, pr.topk);
   return R::kernel(plan);
 }
 
@@ -120,6 +126,7 @@ Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& pr, const Devi
       std::clamp<int64_t>((total_blocks * pages + 4 * sms - 1) / (4 * sms), 4, 32));
   plan.splits = static_cast<int>((pages + plan.tiles_per_split - 1) / plan.tiles_per_split);
   plan.smem_keys = static_cast<int>(std::min<int64_t>(plan.row_stride, kIndexerKeyCapacity));
+  plan.warp_topk = fits_warp_topk(plan, pr.topk);
   return R::kernel(plan);
 }
 
@@ -131,7 +138,8 @@ std::string describe(const IndexerPlan& p) {
   return "indexer queries_per_block=" + std::to_string(p.queries_per_block) + pages +
          " chunks=" + std::to_string(p.num_chunks) + "x" + std::to_string(p.chunk_blocks) +
          " buffers=" + std::to_string(p.buffers) + " splits=" + std::to_string(p.splits) +
-         " workspace=" + std::to_string((p.workspace_bytes() + (1 << 20) - 1) >> 20) + "MB";
+         " workspace=" + std::to_string((p.workspace_bytes() + (1 << 20) - 1) >> 20) + "MB" +
+         (p.warp_topk ? " topk=warp" : " topk=cta");
 }
 
 #ifndef DSV4_WITH_CUDA

@@ -47,6 +47,7 @@ struct IndexerPlan {
   int tiles_per_split = 0;  // the paged form's pages per score CTA (the dense form's is fixed)
   int64_t row_stride = 0;  // floats per workspace row
   int smem_keys = 0;       // keys a top-k CTA stages in shared memory
+  bool warp_topk = false;  // short rows: the top-k takes a warp per query (topk.cuh)
   int64_t buffer_floats() const { return int64_t(chunk_blocks) * queries_per_block * row_stride; }
   int64_t workspace_bytes() const { return buffers * buffer_floats() * 4; }
 };

@@ -29,6 +29,8 @@ void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, int devic
                    LaunchScores&& launch_scores) {
   const int topk_smem = plan.smem_keys * 4;
   allow_dynamic_smem<indexer_topk_kernel>(device, kIndexerKeyCapacity * 4);
+  allow_dynamic_smem<indexer_topk_warp_kernel>(device, IndexerWarpTopkTraits::kSmemBytes);
+  const int rows = plan.chunk_blocks * plan.queries_per_block;  // the top-k's queries a chunk
   at::cuda::CUDAEvent fork, join;
   if (plan.buffers == 2) {
     fork.record(stream);
@@ -42,8 +44,13 @@ void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, int devic
     p.scores = base.scores + b * plan.buffer_floats();
     launch_scores(p, on);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    indexer_topk_kernel<<<plan.chunk_blocks * plan.queries_per_block, IndexerTopkTraits::kThreads,
-                          topk_smem, on>>>(p);
+    if (plan.warp_topk) {
+      using W = IndexerWarpTopkTraits;
+      indexer_topk_warp_kernel<<<(rows + W::kWarps - 1) / W::kWarps, W::kThreads, W::kSmemBytes,
+                                 on>>>(p);
+    } else {
+      indexer_topk_kernel<<<rows, IndexerTopkTraits::kThreads, topk_smem, on>>>(p);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (plan.buffers == 2) {

@@ -13,6 +13,9 @@ namespace dsv4 {
 
 constexpr int kIndexerMaxTopk = 2048;       // the top-k CTA's list (topk.cuh)
 constexpr int kIndexerKeyCapacity = 32768;  // keys a top-k CTA stages: 128 KB
+// Rows at most this long, with topk at most kIndexerWarpTopkMax, take a warp per query (topk.cuh).
+constexpr int kIndexerWarpTopkRows = 2048;
+constexpr int kIndexerWarpTopkMax = 512;
 constexpr int kIndexerTilesPerSplit = 32;   // 64-row key tiles per score CTA: 2048 rows
 // A score CTA's consumer warpgroups, each with kIndexerColumns (query, head) columns: a block
 // holds kIndexerConsumers * kIndexerColumns / H queries, and H is at most kIndexerColumns.

@@ -1,6 +1,7 @@
-// The lightning indexer's top-k: one CTA per query of the chunk reads the query's closed rows'
-// scores from the workspace and writes its `topk` best rows, best first, ties to the lower row,
-// -1 past the closed rows (dsv4_indexer_topk's contract).
+// The lightning indexer's top-k: one CTA per query of the chunk (or a warp, for short rows:
+// indexer_topk_warp_kernel) reads the query's closed rows' scores from the workspace and writes
+// its `topk` best rows, best first, ties to the lower row, -1 past the closed rows
+// (dsv4_indexer_topk's contract).
 //
 // Scores become order-preserving 32-bit keys. A radix select over bits 31-20, 19-8 and 7-0
 // finds the topk-th largest key T: the first pass is counted while the keys are read, then the
@@ -238,6 +239,26 @@ __device__ __forceinline__ void indexer_sort(IndexerSelectShared& sh, int count)
   }
 }
 
+// A workspace row of the chunk and its query: the closed rows' scores and the query's output.
+struct IndexerTopkRow {
+  const float* scores;
+  int n;  // closed rows
+  int32_t* out;
+};
+
+// Row `slot` of the chunk, or false past the chunk's queries.
+__device__ __forceinline__ bool indexer_topk_row(const IndexerParams& p, int slot,
+                                                 IndexerTopkRow& row) {
+  IndexerBlock blk;
+  if (!indexer_block(p, slot / p.queries_per_block, blk)) return false;
+  const int q = blk.first_query + slot % p.queries_per_block;
+  if (q >= blk.seq_q) return false;
+  row.scores = p.scores + static_cast<int64_t>(slot) * p.row_stride;
+  row.n = indexer_visible_rows(indexer_position(p, blk, q), p.compress_ratio, blk.seq_c);
+  row.out = p.out + (blk.token0 + q) * p.topk;
+  return true;
+}
+
 // Grid: one CTA per workspace row of the chunk (chunk_blocks * queries_per_block).
 __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
     indexer_topk_kernel(const IndexerParams p) {
@@ -290,6 +311,145 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
   int32_t* out = p.out + (blk.token0 + q) * p.topk;
   for (int i = threadIdx.x; i < p.topk; i += T::kThreads) {
     out[i] = i < count ? static_cast<int32_t>(static_cast<uint32_t>(sh.list[i])) : -1;
+  }
+}
+
+// Short rows (at most kIndexerWarpTopkRows closed rows, topk at most kIndexerWarpTopkMax): a
+// warp per query, eight to a CTA, without the block-wide barriers, 4096-bin scans and fixed
+// costs that indexer_topk_kernel pays per query. The same list: a radix select over four 8-bit
+// digits on the warp's own histogram, the rows above T and the first rows equal to T in row
+// order (by ballots), and a bitonic sort on (key, row) in the warp's shared memory.
+struct IndexerWarpTopkTraits {
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBins = 256;  // 8-bit radix digits: 8 a lane
+  struct Shared {
+    uint32_t keys[kIndexerWarpTopkRows];
+    uint64_t list[kIndexerWarpTopkMax];
+    uint32_t hist[kBins];
+  };
+  static constexpr int kSmemBytes = kWarps * static_cast<int>(sizeof(Shared));
+};
+
+// The topk-th largest key T of keys[0, n) for n > topk; need: how many rows equal to T the list
+// takes.
+__device__ __forceinline__ uint32_t indexer_warp_select(IndexerWarpTopkTraits::Shared& sh, int n,
+                                                        int topk, int& need) {
+  const int lane = threadIdx.x % 32;
+  uint32_t prefix = 0, mask = 0;
+  need = topk;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sh.hist[8 * lane + e] = 0;
+    __syncwarp();
+    for (int i = lane; i < n; i += 32) {
+      const uint32_t u = sh.keys[i];
+      if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & 255u], 1u);
+    }
+    __syncwarp();
+    // Lane l owns bins [8l, 8l + 8): a suffix sum over the lanes finds the need-th largest.
+    uint32_t local[8], sum = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum += local[e] = sh.hist[8 * lane + e];
+    uint32_t from_here = sum;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint32_t v = __shfl_down_sync(0xffffffffu, from_here, off);
+      if (lane + off < 32) from_here += v;
+    }
+    uint32_t above = from_here - sum;
+    int bin = -1, bin_need = 0;
+#pragma unroll
+    for (int e = 7; e >= 0; --e) {
+      const uint32_t un = static_cast<uint32_t>(need);
+      if (above < un && above + local[e] >= un) {
+        bin = 8 * lane + e;
+        bin_need = need - static_cast<int>(above);
+      }
+      above += local[e];
+    }
+    const int src = __ffs(__ballot_sync(0xffffffffu, bin >= 0)) - 1;
+    bin = __shfl_sync(0xffffffffu, bin, src);
+    need = __shfl_sync(0xffffffffu, bin_need, src);
+    prefix |= static_cast<uint32_t>(bin) << shift;
+    mask |= 255u << shift;
+  }
+  return prefix;
+}
+
+// Ascending bitonic sort of list[0, count), count <= kIndexerWarpTopkMax, padded to a power of
+// two, by one warp.
+__device__ __forceinline__ void indexer_warp_sort(uint64_t* list, int count) {
+  const int lane = threadIdx.x % 32;
+  int size = 32;
+  while (size < count) size <<= 1;
+  for (int i = count + lane; i < size; i += 32) list[i] = ~0ull;
+  __syncwarp();
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int t = lane; t < size / 2; t += 32) {  // pair t: i with bit j clear, and i | j
+        const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1)), partner = i | j;
+        const uint64_t a = list[i], b = list[partner];
+        if ((a > b) == ((i & k) == 0)) {
+          list[i] = b;
+          list[partner] = a;
+        }
+      }
+      __syncwarp();
+    }
+  }
+}
+
+// Grid: one warp per workspace row of the chunk, kWarps to a CTA.
+__global__ void __launch_bounds__(IndexerWarpTopkTraits::kThreads)
+    indexer_topk_warp_kernel(const IndexerParams p) {
+  using T = IndexerWarpTopkTraits;
+  extern __shared__ uint8_t warp_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto& sh = reinterpret_cast<T::Shared*>(warp_smem)[warp];
+  const int slot = blockIdx.x * T::kWarps + warp;
+  IndexerTopkRow row;
+  if (slot >= p.chunk_blocks * p.queries_per_block || !indexer_topk_row(p, slot, row)) return;
+  const int n = min(row.n, kIndexerWarpTopkRows);  // the route keeps it so
+#pragma unroll 4
+  for (int j = 0; j < kIndexerWarpTopkRows / 128; ++j) {  // rows are padded to 64 floats
+    const int i = 4 * lane + 128 * j;
+    if (i < n) {
+      const float4 v = *reinterpret_cast<const float4*>(row.scores + i);
+      const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (i + e < n) sh.keys[i + e] = indexer_score_key(f[e]);
+      }
+    }
+  }
+  __syncwarp();
+  int count = n;
+  if (n <= p.topk) {
+    for (int i = lane; i < n; i += 32) sh.list[i] = indexer_rank_key(sh.keys[i], i);
+  } else {
+    int need;
+    const uint32_t threshold = indexer_warp_select(sh, n, p.topk, need);
+    const uint32_t lanes_before = (1u << lane) - 1;
+    int listed = 0, equal_seen = 0;
+    for (int base = 0; base < n; base += 32) {  // in row order
+      const int i = base + lane;
+      const uint32_t u = i < n ? sh.keys[i] : 0;
+      const bool is_equal = i < n && u == threshold;
+      const uint32_t equal_lanes = __ballot_sync(0xffffffffu, is_equal);
+      const bool take = (i < n && u > threshold) ||
+                        (is_equal && equal_seen + __popc(equal_lanes & lanes_before) < need);
+      const uint32_t take_lanes = __ballot_sync(0xffffffffu, take);
+      if (take) sh.list[listed + __popc(take_lanes & lanes_before)] = indexer_rank_key(u, i);
+      listed += __popc(take_lanes);
+      equal_seen += __popc(equal_lanes);
+    }
+    count = p.topk;
+  }
+  __syncwarp();
+  indexer_warp_sort(sh.list, count);
+  for (int i = lane; i < p.topk; i += 32) {
+    row.out[i] = i < count ? static_cast<int32_t>(static_cast<uint32_t>(sh.list[i])) : -1;
   }
 }
 
