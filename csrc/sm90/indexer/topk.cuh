@@ -30,7 +30,8 @@ struct IndexerTopkTraits {
 __device__ __forceinline__ uint32_t indexer_score_key(float x) {
   uint32_t u = __float_as_uint(x);
   if (u == 0x80000000u) u = 0;
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  // Negative: all bits flipped; else the sign bit set.
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
 }
 
 // Ascending order of (~key, row) is best first, ties to the lower row.
@@ -134,13 +135,27 @@ __device__ __forceinline__ void indexer_select(IndexerKeys all, int n, int topk,
   IndexerKeys keys = all;
   int m = n;
   if (in_bin <= T::kCandidates) {  // list the rows above the bin; the later passes read its rows
-    for (int i = tid; i < n; i += T::kThreads) {
-      const uint32_t u = all(i), digit = u >> kIndexerFirstShift;
+    const auto list = [&](uint32_t u, int i) {
+      const uint32_t digit = u >> kIndexerFirstShift;
       if (digit > top_bin) {
         sh.list[atomicAdd(&sh.listed, 1)] = indexer_rank_key(u, i);
       } else if (digit == top_bin) {
         sh.candidates[atomicAdd(&sh.compacted, 1)] = i;
       }
+    };
+    if (all.staged != nullptr) {  // four keys a load; most fours lie wholly below the bin
+      const int whole = n & ~3;
+      for (int i = 4 * tid; i < whole; i += 4 * T::kThreads) {
+        const uint4 u = *reinterpret_cast<const uint4*>(all.staged + i);
+        if (max(max(u.x, u.y), max(u.z, u.w)) >> kIndexerFirstShift < top_bin) continue;
+        list(u.x, i);
+        list(u.y, i + 1);
+        list(u.z, i + 2);
+        list(u.w, i + 3);
+      }
+      if (whole + tid < n) list(all.staged[whole + tid], whole + tid);
+    } else {
+      for (int i = tid; i < n; i += T::kThreads) list(all(i), i);
     }
     __syncthreads();
     keys.rows = sh.candidates;
@@ -265,38 +280,40 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
   using T = IndexerTopkTraits;
   extern __shared__ uint32_t staged[];
   __shared__ IndexerSelectShared sh;
-  const int slot = blockIdx.x;
-  IndexerBlock blk;
-  if (!indexer_block(p, slot / p.queries_per_block, blk)) return;
-  const int q = blk.first_query + slot % p.queries_per_block;
-  if (q >= blk.seq_q) return;
-  const int n = indexer_visible_rows(indexer_position(p, blk, q), p.compress_ratio, blk.seq_c);
-  const float* scores = p.scores + static_cast<int64_t>(slot) * p.row_stride;
-  IndexerKeys keys{nullptr, scores, nullptr};
+  IndexerTopkRow row;
+  if (!indexer_topk_row(p, blockIdx.x, row)) return;
+  const int n = row.n;
   const bool select = n > p.topk;
-  if (select) {  // the first radix pass is counted as the keys are read
-    indexer_clear_histogram(sh);
-    if (threadIdx.x == 0) sh.listed = sh.compacted = 0;
-    __syncthreads();
-  }
-  if (n <= p.smem_keys) {  // rows are 256-byte aligned and padded to 64 floats
-    for (int i = 4 * threadIdx.x; i < n; i += 4 * T::kThreads) {
+  const float* scores = row.scores;
+  IndexerKeys keys{nullptr, scores, nullptr};
+  // The first radix pass is counted as the keys are read (also where every row is listed and
+  // the counts go unused: no per-key branch).
+  indexer_clear_histogram(sh);
+  if (threadIdx.x == 0) sh.listed = sh.compacted = 0;
+  __syncthreads();
+  const auto count_key = [&](uint32_t u) {
+    indexer_count(u, 0, 0, kIndexerFirstShift, kIndexerFirstBits, sh);
+  };
+  if (n <= p.smem_keys) {  // whole float4s (rows are 256-byte aligned), then the last few
+    const int whole = n & ~3;
+    for (int i = 4 * threadIdx.x; i < whole; i += 4 * T::kThreads) {
       const float4 v = *reinterpret_cast<const float4*>(scores + i);
-      const uint32_t u[4] = {indexer_score_key(v.x), indexer_score_key(v.y),
-                             indexer_score_key(v.z), indexer_score_key(v.w)};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (i + e < n) {
-          staged[i + e] = u[e];
-          if (select) indexer_count(u[e], 0, 0, kIndexerFirstShift, kIndexerFirstBits, sh);
-        }
-      }
+      const uint4 u = make_uint4(indexer_score_key(v.x), indexer_score_key(v.y),
+                                 indexer_score_key(v.z), indexer_score_key(v.w));
+      *reinterpret_cast<uint4*>(staged + i) = u;
+      count_key(u.x);
+      count_key(u.y);
+      count_key(u.z);
+      count_key(u.w);
+    }
+    const int i = whole + static_cast<int>(threadIdx.x);
+    if (i < n) {
+      staged[i] = indexer_score_key(scores[i]);
+      count_key(staged[i]);
     }
     keys.staged = staged;
   } else if (select) {
-    for (int i = threadIdx.x; i < n; i += T::kThreads) {
-      indexer_count(keys(i), 0, 0, kIndexerFirstShift, kIndexerFirstBits, sh);
-    }
+    for (int i = threadIdx.x; i < n; i += T::kThreads) count_key(keys(i));
   }
   __syncthreads();
   int count = n;
@@ -308,9 +325,8 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
   }
   __syncthreads();
   indexer_sort(sh, count);
-  int32_t* out = p.out + (blk.token0 + q) * p.topk;
   for (int i = threadIdx.x; i < p.topk; i += T::kThreads) {
-    out[i] = i < count ? static_cast<int32_t>(static_cast<uint32_t>(sh.list[i])) : -1;
+    row.out[i] = i < count ? static_cast<int32_t>(static_cast<uint32_t>(sh.list[i])) : -1;
   }
 }
 
