@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
 // warp per query, eight to a CTA, without the block-wide barriers, 4096-bin scans and fixed
 // costs that indexer_topk_kernel pays per query. The same list: a radix select over four 8-bit
 // digits on the warp's own histogram, the rows above T and the first rows equal to T in row
-// order (by ballots), and a bitonic sort on (key, row) in the warp's shared memory.
+// order (by ballots), and a stable radix sort of that list by key (the order of (key, row)).
 struct IndexerWarpTopkTraits {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
@@ -358,10 +358,18 @@ __device__ __forceinline__ uint32_t indexer_warp_select(IndexerWarpTopkTraits::S
 #pragma unroll
     for (int e = 0; e < 8; ++e) sh.hist[8 * lane + e] = 0;
     __syncwarp();
-    for (int i = lane; i < n; i += 32) {
-      const uint32_t u = sh.keys[i];
+    const auto count = [&](uint32_t u) {
       if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & 255u], 1u);
+    };
+    const int whole = n & ~3;  // four keys a load, then the last few
+    for (int i = 4 * lane; i < whole; i += 128) {
+      const uint4 u = *reinterpret_cast<const uint4*>(sh.keys + i);
+      count(u.x);
+      count(u.y);
+      count(u.z);
+      count(u.w);
     }
+    if (whole + lane < n) count(sh.keys[whole + lane]);
     __syncwarp();
     // Lane l owns bins [8l, 8l + 8): a suffix sum over the lanes finds the need-th largest.
     uint32_t local[8], sum = 0;
@@ -393,27 +401,67 @@ __device__ __forceinline__ uint32_t indexer_warp_select(IndexerWarpTopkTraits::S
   return prefix;
 }
 
-// Ascending bitonic sort of list[0, count), count <= kIndexerWarpTopkMax, padded to a power of
-// two, by one warp.
-__device__ __forceinline__ void indexer_warp_sort(uint64_t* list, int count) {
+// The list[0, count), in row order, best first: a stable radix sort by one warp over the four
+// 8-bit digits of ~key, low to high, so that equal keys keep their row order (ties to the lower
+// row, the order of (~key, row)). A pass whose digit all entries share is skipped. The keys'
+// shared memory, no longer needed, is the second buffer.
+__device__ __forceinline__ void indexer_warp_sort(IndexerWarpTopkTraits::Shared& sh, int count) {
+  static_assert(sizeof(sh.keys) >= sizeof(sh.list), "the keys' memory holds a second list");
   const int lane = threadIdx.x % 32;
-  int size = 32;
-  while (size < count) size <<= 1;
-  for (int i = count + lane; i < size; i += 32) list[i] = ~0ull;
-  __syncwarp();
-  for (int k = 2; k <= size; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int t = lane; t < size / 2; t += 32) {  // pair t: i with bit j clear, and i | j
-        const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1)), partner = i | j;
-        const uint64_t a = list[i], b = list[partner];
-        if ((a > b) == ((i & k) == 0)) {
-          list[i] = b;
-          list[partner] = a;
-        }
-      }
+  const uint32_t lanes_before = (1u << lane) - 1;
+  uint64_t* from = sh.list;
+  uint64_t* to = reinterpret_cast<uint64_t*>(sh.keys);
+  for (int shift = 32; shift < 64; shift += 8) {  // the rank key's upper half is ~key
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sh.hist[8 * lane + e] = 0;
+    __syncwarp();
+    for (int i = lane; i < count; i += 32) atomicAdd(&sh.hist[(from[i] >> shift) & 255u], 1u);
+    __syncwarp();
+    // Lane l owns bins [8l, 8l + 8): their counts become the digits' first places.
+    uint32_t local[8], sum = 0;
+    bool one_digit = false;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      local[e] = sh.hist[8 * lane + e];
+      sum += local[e];
+      one_digit |= local[e] == static_cast<uint32_t>(count);
+    }
+    if (__any_sync(0xffffffffu, one_digit)) continue;  // the order stands
+    uint32_t place = sum;  // inclusive prefix over the lanes
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint32_t v = __shfl_up_sync(0xffffffffu, place, off);
+      if (lane >= off) place += v;
+    }
+    place -= sum;
+    __syncwarp();
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      sh.hist[8 * lane + e] = place;
+      place += local[e];
+    }
+    __syncwarp();
+    for (int base = 0; base < count; base += 32) {  // in order, a lane per entry: stable
+      const int i = base + lane;
+      const bool valid = i < count;
+      const uint64_t x = valid ? from[i] : 0;
+      const uint32_t digit = valid ? static_cast<uint32_t>(x >> shift) & 255u : 256u + lane;
+      const uint32_t peers = __match_any_sync(0xffffffffu, digit);
+      const uint32_t rank = __popc(peers & lanes_before);
+      const uint32_t first = valid ? sh.hist[digit] : 0;
+      if (valid) to[first + rank] = x;
+      __syncwarp();
+      if (valid && rank == 0) sh.hist[digit] = first + __popc(peers);
       __syncwarp();
     }
+    uint64_t* const t = from;
+    from = to;
+    to = t;
   }
+  if (from != sh.list) {
+    for (int i = lane; i < count; i += 32) sh.list[i] = from[i];
+  }
+  __syncwarp();
 }
 
 // Grid: one warp per workspace row of the chunk, kWarps to a CTA.
@@ -427,18 +475,18 @@ __global__ void __launch_bounds__(IndexerWarpTopkTraits::kThreads)
   IndexerTopkRow row;
   if (slot >= p.chunk_blocks * p.queries_per_block || !indexer_topk_row(p, slot, row)) return;
   const int n = min(row.n, kIndexerWarpTopkRows);  // the route keeps it so
+  const int whole = n & ~3;  // whole float4s (rows are 256-byte aligned), then the last few
 #pragma unroll 4
-  for (int j = 0; j < kIndexerWarpTopkRows / 128; ++j) {  // rows are padded to 64 floats
+  for (int j = 0; j < kIndexerWarpTopkRows / 128; ++j) {
     const int i = 4 * lane + 128 * j;
-    if (i < n) {
+    if (i < whole) {
       const float4 v = *reinterpret_cast<const float4*>(row.scores + i);
-      const float f[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (i + e < n) sh.keys[i + e] = indexer_score_key(f[e]);
-      }
+      *reinterpret_cast<uint4*>(sh.keys + i) =
+          make_uint4(indexer_score_key(v.x), indexer_score_key(v.y), indexer_score_key(v.z),
+                     indexer_score_key(v.w));
     }
   }
+  if (whole + lane < n) sh.keys[whole + lane] = indexer_score_key(row.scores[whole + lane]);
   __syncwarp();
   int count = n;
   if (n <= p.topk) {
@@ -463,7 +511,7 @@ __global__ void __launch_bounds__(IndexerWarpTopkTraits::kThreads)
     count = p.topk;
   }
   __syncwarp();
-  indexer_warp_sort(sh.list, count);
+  indexer_warp_sort(sh, count);
   for (int i = lane; i < p.topk; i += 32) {
     row.out[i] = i < count ? static_cast<int32_t>(static_cast<uint32_t>(sh.list[i])) : -1;
   }
