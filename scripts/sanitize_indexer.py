@@ -1,8 +1,9 @@
 """Small calls of the lightning indexer's kernels for compute-sanitizer (scripts/gpu_check.sh):
 64 heads over two key splits with a full radix select, 8 heads (64 queries per block, a
 partial last block), 128 heads (one query per consumer), row scales and a negative scale,
-float8_e4m3 q and k with row scales (the serving mode), int32 positions in any order; then the
-paged form over a shuffled 64-row-block FP8 cache (two tokens a request, one request empty).
+float8_e4m3 q and k with row scales (the serving mode), int32 positions in any order, two
+queries of up to 9000 rows (the CTA top-k, also with every score tied); then the paged form
+over a shuffled 64-row-block FP8 cache (two tokens a request, one request empty).
 (The chunked calls are too large for racecheck; tests cover them.)"""
 import torch
 
@@ -15,11 +16,13 @@ calls = [  # (B, Sq, Sc, H, topk, dtype, extra)
     (1, 70, 300, 8, 64, torch.float16, {"scale": -0.5}),
     (2, 5, 90, 128, 16, torch.bfloat16, {"k_scale": True}),
     (1, 40, 2100, 64, 512, torch.float8_e4m3fn, {"k_scale": True}),
+    (1, 2, 9000, 64, 512, torch.bfloat16, {}),
+    (1, 2, 9000, 64, 512, torch.bfloat16, {"zero_w": True}),  # every score ties
 ]
 for b, sq, sc, h, topk, dtype, extra in calls:
     q = torch.randn(b, sq, h, 128, device="cuda").to(dtype)  # fp8: rounded, in range
     k = torch.randn(b, sc, 128, device="cuda").to(dtype)
-    w = torch.randn(b, sq, h, device="cuda")
+    w = torch.randn(b, sq, h, device="cuda") * (0 if extra.get("zero_w") else 1)
     pos = (torch.randperm(4 * sc, device="cuda")[:sq].int())[None].repeat(b, 1)
     kw = dict(topk=topk, compress_ratio=4)
     if extra.get("k_scale"):

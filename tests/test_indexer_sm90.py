@@ -135,13 +135,17 @@ def test_pipelined_chunks_in_a_cuda_graph(monkeypatch):
     assert torch.equal(copied, want)
 
 
-def test_kernel_gaussian_scores_at_each_rank():
+@pytest.mark.parametrize("sc,form", [(2048, "warp"), (6000, "cta")])
+def test_kernel_gaussian_scores_at_each_rank(sc, form):
+    """Few ties: the first pass's bin is compacted, in each form of the top-k."""
     gen = torch.Generator().manual_seed(11)
-    b, sq, sc, h, topk = 1, 96, 2048, 64, 512
+    b, sq, h, topk = 1, 96, 64, 512
     q = torch.randn(b, sq, h, 128, generator=gen).bfloat16().cuda()
     k = torch.randn(b, sc, 128, generator=gen).bfloat16().cuda()
     w = torch.randn(b, sq, h, generator=gen).cuda()
     pos = (torch.arange(sq) + 4 * sc - sq)[None].cuda()
+    plan = dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos, topk=topk, compress_ratio=4)
+    assert plan.endswith(f" topk={form}"), plan
     got = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, topk=topk, compress_ratio=4).cpu()
     score = ref.indexer_scores(q[0].cpu(), k[0].cpu(), w[0].cpu(), pos[0].cpu(), 4)
     best = score.sort(dim=1, descending=True).values[:, :topk]
@@ -149,6 +153,18 @@ def test_kernel_gaussian_scores_at_each_rank():
     assert (got[0] >= 0).all()
     assert torch.allclose(chosen, best, atol=1e-3, rtol=1e-4)
     assert all(len(set(r.tolist())) == topk for r in got[0])
+
+
+def test_kernel_all_scores_equal():
+    """Zero weights: every score ties, the first pass's bin holds every row (too many to
+    compact), and the list is the first topk rows in order."""
+    q, k, w, pos = _case("equal", 3, 3, 9000, 8, torch.bfloat16)
+    kw = dict(topk=512, compress_ratio=4, scale=0.5)
+    assert dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos, **kw).endswith(" topk=cta")
+    got = dsv4_attn.dsv4_indexer_topk(q, k, torch.zeros_like(w), pos, **kw)
+    want = ref.indexer_topk(q.cpu(), k.cpu(), torch.zeros_like(w).cpu(), pos.cpu(), **kw)
+    assert torch.equal(got.cpu(), want)
+    assert torch.equal(got[..., :8].cpu(), torch.arange(8).int().expand(3, 3, 8))
 
 
 FP8 = torch.float8_e4m3fn
