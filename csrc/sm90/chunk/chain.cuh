@@ -96,7 +96,7 @@ __device__ __forceinline__ void load_v_transposed(const ChunkContext& ctx,
                                                   const ChainContext<Element>& ch,
                                                   const ChainChunk& k, uint32_t (&v_pairs)[4][4]) {
   using Tr = ChunkSm90Traits<Element>;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   const int m = ctx.lane / 8;
   // Token 16 u + t sits 2048 u bytes after token t (the swizzle reads its low three bits).
   const uint32_t v_row = ptx::smem_addr(&s.stage[k.st].v[ch.chain][0][0]) +
@@ -152,7 +152,7 @@ __device__ __forceinline__ void delta_v_new(const ChunkContext& ctx, const Chain
                                             float (&yacc)[32], float (&sacc)[64],
                                             float (&vnew)[32]) {
   using Tr = ChunkSm90Traits<Element>;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   auto& S = s.stage[k.st];
   float2 eg_pair[8];  // e^G of this thread's token pairs
   // Y as well as X: with Y in flight, its A operand (S^T in 16 bits) would stay live beside
@@ -196,7 +196,7 @@ __device__ __forceinline__ void gla_v_new(const ChunkContext& ctx, const ChainCh
                                           const uint32_t (&v_pairs)[4][4], float (&yacc)[32],
                                           float (&sacc)[64], float (&vnew)[32]) {
   using Tr = ChunkSm90Traits<Element>;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   auto& S = s.stage[k.st];
   float2 eg_pair[8];  // e^G of this thread's token pairs
 #pragma unroll
@@ -226,7 +226,7 @@ __device__ __forceinline__ void update_o_and_state(const ChunkContext& ctx, cons
                                                    float (&sacc)[64]) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   auto& S = s.stage[k.st];
   uint32_t vfrag[4][4], wfrag[4][4];
 #pragma unroll
@@ -272,7 +272,7 @@ __device__ __forceinline__ void chain_chunk(const ChunkContext& ctx,
                                             float (&xacc)[32], float (&yacc)[32]) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk, kStages = Tr::kStages;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   const ChainChunk k{c,
                      writes_o(ctx, ch, c),
                      c % kStages,

@@ -99,7 +99,7 @@ __device__ __forceinline__ void store_o(const ChunkContext& ctx, const ChainCont
                                         const uint32_t (&o_pack)[8][2]) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   Element* stage_o = &s.o_stage[ch.chain][0][0];
   if (k.write_o) {
     // Chunk c - 1's TMA store has read the tile (a partial chunk's readers are the walk's

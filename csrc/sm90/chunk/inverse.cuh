@@ -20,6 +20,7 @@
 #include "sm90/chunk/params.h"
 #include "sm90/chunk/segments.cuh"
 #include "sm90/chunk/tiles.cuh"
+#include "sm90/shared/smem.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
@@ -65,9 +66,7 @@ __global__ void __launch_bounds__(ChunkInverseTraits<Element, kGrouped>::kThread
                               const ChunkSm90InverseParams p) {
   using Tr = ChunkInverseTraits<Element, kGrouped>;
   constexpr int kChunk = Tr::kChunk;
-  extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(
-      smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
 
   // The chunk kernel after this one may be queued at once (it waits for this grid itself).
   ptx::griddep_launch_dependents();

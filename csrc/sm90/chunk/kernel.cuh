@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(ChunkSm90Traits<Element>::kThreads, 1)
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk, kStages = Tr::kStages;
 
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
 
   // This CTA's (work item n: a sequence or a segment, v-head hv). Varlen sequences go in the
   // plan's order, the longest first.

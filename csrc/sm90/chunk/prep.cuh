@@ -39,7 +39,7 @@ template <typename Element>
 __device__ __forceinline__ void normalize_qk_rows(const ChunkContext& ctx, const PrepChunk& k) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   auto& S = s.stage[k.st];
   l2norm_rows_in_place<Element>(ctx.tid < kChunk ? &S.q[0][0][0] : &S.k[0][0][0],
                                 ptx::opaque(ctx.tid % kChunk));  // offsets not hoisted
@@ -52,7 +52,7 @@ template <typename Element>
 __device__ __forceinline__ void issue_q_k_transposed(const PrepChunk& k, float (&pacc)[32]) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   auto& S = s.stage[k.st];
   const uint32_t q_base = ptx::smem_addr(&S.q[0][0][0]);
   const uint32_t k_base = ptx::smem_addr(&S.k[0][0][0]);
@@ -78,7 +78,7 @@ template <typename Element>
 __device__ __forceinline__ void gate_cumsum(const ChunkContext& ctx, const PrepChunk& k) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr float kLog2e = 1.4426950408889634f;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   auto& S = s.stage[k.st];
   const int lane = ctx.lane;
   const float g0 = S.g[2 * lane], g1 = S.g[2 * lane + 1];
@@ -108,7 +108,7 @@ __device__ __forceinline__ void load_t_u_pairs(
     const PrepChunk& k, const __half (*fused_t_u)[ChunkSm90Traits<Element>::kInvLd],
     uint32_t (&t_u_pairs)[2][8]) {
   using Tr = ChunkSm90Traits<Element>;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   auto& S = s.stage[k.st];
   if (kFused && k.c % 2 == 0) {  // solved here
 #pragma unroll
@@ -141,7 +141,7 @@ __device__ __forceinline__ void prep_chunk(const ChunkContext& ctx, const int& c
                                            float (&pacc)[32]) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk, kStages = Tr::kStages;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   const PrepChunk k{c,
                     ctx.p.o != nullptr && c >= ctx.warm,
                     kFused ? ptx::opaque(ctx.frag_row) : ctx.frag_row,

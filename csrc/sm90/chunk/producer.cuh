@@ -45,7 +45,7 @@ __device__ __forceinline__ void load_chunk_gates(const ChunkContext& ctx, const 
                                                  const int& st, const uint32_t& full) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   auto& S = s.stage[st];
   const ChunkSm90Params& p = ctx.p;
   const int valid_rows = min(kChunk, ctx.len - c * kChunk);
@@ -66,7 +66,7 @@ __device__ __forceinline__ void load_chunk(const ChunkContext& ctx, const int& c
                                            const CUtensorMap& tmap_v, const Element*& t_u_chunk) {
   using Tr = ChunkSm90Traits<Element>;
   constexpr int kChunk = Tr::kChunk, kStages = Tr::kStages;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   const int st = c % kStages;
   const uint32_t phase = (c / kStages) & 1;
   const uint32_t full = ptx::smem_addr(&s.full[st]);

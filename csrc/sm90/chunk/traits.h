@@ -26,6 +26,7 @@
 #include "sm90/chunk/tiles.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
+#include "sm90/shared/smem.cuh"
 
 namespace dsv4 {
 
@@ -98,20 +99,11 @@ __device__ __forceinline__ void named_barrier_sync(ChunkBarrier id) {
   ptx::named_barrier_sync(static_cast<uint32_t>(id), 128);
 }
 
-// The dynamic shared memory. SharedStorage sits at its first 1024-byte boundary, at
-// smem_raw + storage_offset(), aligned by offsetting the __shared__ array itself (not through an
-// integer), so the compiler keeps shared-space accesses.
-extern __shared__ uint8_t smem_raw[];
-
-__device__ __forceinline__ uint32_t storage_offset() {
-  return (1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023;
-}
-
 // By one thread, before the CTA's first __syncthreads.
 template <typename Element>
 __device__ __forceinline__ void init_chunk_barriers() {
   using Tr = ChunkSm90Traits<Element>;
-  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + storage_offset());
+  auto& s = *reinterpret_cast<typename Tr::SharedStorage*>(smem_raw + smem_align_offset());
   for (int i = 0; i < Tr::kStages; ++i) {
     ptx::mbarrier_init(ptx::smem_addr(&s.full[i]), Tr::kFullArrivals);
     ptx::mbarrier_init(ptx::smem_addr(&s.prep_full[i]), Tr::kPrepFullArrivals);
@@ -123,7 +115,7 @@ __device__ __forceinline__ void init_chunk_barriers() {
 // How the kernel is cut into role functions without changing its SASS (that of the one-body
 // kernel it was cut from; scripts/kernel_sass.py compares them):
 // - A function that addresses the shared storage forms its pointer itself, as
-//   `*reinterpret_cast<SharedStorage*>(smem_raw + storage_offset())`: a storage pointer passed
+//   `*reinterpret_cast<SharedStorage*>(smem_raw + smem_align_offset())`: a storage pointer passed
 //   in or returned reaches ptxas as other address arithmetic. Pointers are passed only where the
 //   one-body kernel shared one among steps: the storage and the stage its lambdas captured
 //   (issue_y, load_eg, decay_state), the prep's fused T_u tile.

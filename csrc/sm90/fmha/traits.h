@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "ptx/mbarrier.cuh"
+#include "sm90/shared/smem.cuh"
 
 namespace dsv4 {
 
@@ -105,16 +106,10 @@ enum class FmhaNamedBarrier : int {
   kConsumerTurn = 1,
 };
 
-// The CTA's dynamic shared memory; SharedStorage starts at its first 1024-byte boundary.
-// Aligned by offsetting the __shared__ array itself (not through an integer), so the compiler
-// keeps shared-space addressing (an integer round trip makes accesses generic).
 // The role functions that run once per work tile (the producer's loads, the consumers' first
-// tile and last PV) derive SharedStorage from smem_raw themselves instead of taking their
-// context's reference: the compiler then folds their barrier and buffer addresses as it did
-// when that code sat in the kernel's body (the cut into roles kept the SASS identical).
-extern __shared__ uint8_t smem_raw[];
-__device__ __forceinline__ uint32_t smem_align_offset() {
-  return (1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023;
-}
+// tile and last PV) derive SharedStorage from smem_raw (sm90/shared/smem.cuh) themselves instead
+// of taking their context's reference: the compiler then folds their barrier and buffer
+// addresses as it did when that code sat in the kernel's body (the cut into roles kept the SASS
+// identical).
 
 }  // namespace dsv4

@@ -22,6 +22,7 @@
 #include "sm90/indexer/params.h"
 #include "sm90/indexer/score.cuh"
 #include "sm90/indexer/work.cuh"
+#include "sm90/shared/smem.cuh"
 
 namespace dsv4 {
 
@@ -135,19 +136,6 @@ __device__ __forceinline__ void indexer_paged_consume(IndexerPagedShared<kColumn
   }
 }
 
-template <int kColumns, int kQ>
-__device__ __forceinline__ void indexer_paged_consume_per_heads(
-    IndexerPagedShared<kColumns>& s, const IndexerParams& p, const IndexerBlock& blk,
-    IndexerTiles tiles, int wg, int head_levels) {
-  if constexpr (kQ >= 1) {
-    if (head_levels == 0) {
-      indexer_paged_consume<kColumns, kQ>(s, p, blk, tiles, wg);
-    } else {
-      indexer_paged_consume_per_heads<kColumns, kQ / 2>(s, p, blk, tiles, wg, head_levels - 1);
-    }
-  }
-}
-
 // Grid (splits, chunk_blocks): CTA (x, y) scores pages [x, x + 1) * tiles_per_split of the
 // chunk's block y, or exits at once past the block's closed rows.
 template <int kColumns>
@@ -157,9 +145,7 @@ __global__ void __launch_bounds__(IndexerPagedTraits<kColumns>::kThreads,
                                const __grid_constant__ CUtensorMap tmap_k,
                                const IndexerParams p) {
   using T = IndexerPagedTraits<kColumns>;
-  extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<IndexerPagedShared<kColumns>*>(
-      smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  auto& s = *reinterpret_cast<IndexerPagedShared<kColumns>*>(smem_raw + smem_align_offset());
   IndexerBlock blk;
   if (!indexer_block(p, blockIdx.y, blk)) return;
   if (threadIdx.x < 32) {
@@ -184,7 +170,9 @@ __global__ void __launch_bounds__(IndexerPagedTraits<kColumns>::kThreads,
   if (wg == T::kConsumers) {
     indexer_paged_produce<kColumns>(s, &tmap_q, &tmap_k, p, blk, tiles, threadIdx.x % 32);
   } else {
-    indexer_paged_consume_per_heads<kColumns, kColumns / 8>(s, p, blk, tiles, wg, p.head_levels);
+    indexer_per_heads<kColumns / 8>(p.head_levels, [&](auto q) {
+      indexer_paged_consume<kColumns, decltype(q)::value>(s, p, blk, tiles, wg);
+    });
   }
 }
 

@@ -25,6 +25,7 @@
 #include "ptx/wgmma.cuh"
 #include "sm90/indexer/params.h"
 #include "sm90/indexer/work.cuh"
+#include "sm90/shared/smem.cuh"
 
 namespace dsv4 {
 
@@ -373,17 +374,16 @@ __device__ __forceinline__ void indexer_consume(
   if (wg == 0) ptx::named_barrier_sync(T::kTurnBarrier, 256);
 }
 
-// The consumer compiled for H = 8 << head_levels (kQ = N / H queries), so that the head sum has
-// static shapes; the route keeps H <= N.
-template <typename Element, int kQ>
-__device__ __forceinline__ void indexer_consume_per_heads(
-    typename IndexerScoreTraits<Element>::SharedStorage& s, const IndexerParams& p,
-    const IndexerBlock& blk, IndexerTiles tiles, int wg, int head_levels) {
+// Calls consume(std::integral_constant<int, kQ>{}) with kQ = kMaxQ >> head_levels: the consumer
+// compiled for H = 8 << head_levels (kQ = N / H queries), so that the head sum has static
+// shapes; the route keeps H <= N.
+template <int kQ, typename Consume>
+__device__ __forceinline__ void indexer_per_heads(int head_levels, const Consume& consume) {
   if constexpr (kQ >= 1) {
     if (head_levels == 0) {
-      indexer_consume<Element, kQ>(s, p, blk, tiles, wg);
+      consume(std::integral_constant<int, kQ>{});
     } else {
-      indexer_consume_per_heads<Element, kQ / 2>(s, p, blk, tiles, wg, head_levels - 1);
+      indexer_per_heads<kQ / 2>(head_levels - 1, consume);
     }
   }
 }
@@ -395,9 +395,7 @@ __global__ void __launch_bounds__(IndexerScoreTraits<Element>::kThreads, 1)
     indexer_score_kernel(const __grid_constant__ CUtensorMap tmap_q,
                          const __grid_constant__ CUtensorMap tmap_k, const IndexerParams p) {
   using T = IndexerScoreTraits<Element>;
-  extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<typename T::SharedStorage*>(
-      smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  auto& s = *reinterpret_cast<typename T::SharedStorage*>(smem_raw + smem_align_offset());
   IndexerBlock blk;
   if (!indexer_block(p, blockIdx.y, blk)) return;
   if (threadIdx.x < 32) {
@@ -425,7 +423,9 @@ __global__ void __launch_bounds__(IndexerScoreTraits<Element>::kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<T::kConsumerRegs>();
     const int wg = threadIdx.x / 128 - 1;
-    indexer_consume_per_heads<Element, T::kColumns / 8>(s, p, blk, tiles, wg, p.head_levels);
+    indexer_per_heads<T::kColumns / 8>(p.head_levels, [&](auto q) {
+      indexer_consume<Element, decltype(q)::value>(s, p, blk, tiles, wg);
+    });
   }
 }
 

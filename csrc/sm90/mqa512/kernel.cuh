@@ -29,6 +29,7 @@
 #include "sm90/mqa512/producer.cuh"
 #include "sm90/mqa512/traits.h"
 #include "sm90/mqa512/work.cuh"
+#include "sm90/shared/smem.cuh"
 
 namespace dsv4 {
 
@@ -42,9 +43,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   using T = Mqa512Sm90Traits<Element>;
   // Aligned by offsetting the __shared__ array itself (not through an integer), so the
   // compiler keeps the shared address space: 32-bit LDS/STS instead of generic accesses.
-  extern __shared__ uint8_t smem_raw[];
-  auto& s = *reinterpret_cast<typename T::SharedStorage*>(
-      smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023));
+  auto& s = *reinterpret_cast<typename T::SharedStorage*>(smem_raw + smem_align_offset());
   static_assert(sizeof(Mqa512TileInfo) <= sizeof(s.tile_ring[0]), "tile_ring too small");
   const int num_work = p.num_work;
   if (threadIdx.x == 0) mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p));
