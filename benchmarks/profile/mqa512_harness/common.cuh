@@ -1,5 +1,5 @@
 // What the mqa512 harnesses share (harness.cu, paged.cu): CUDA error checks, random bf16
-// fills, the tensor-map encoder and a (B, S, H, 512) map, and the trace buffer of
+// fills, the tensor-map encoder and a (B, S, H, 512) map, an output hash, and the trace buffer of
 // csrc/sm90/shared/trace.cuh with the family's slot names.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -39,6 +40,15 @@ static CUtensorMap tmap(void* base, long b, long s, long h, unsigned box_rows, u
                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) { printf("encode failed %d\n", r); exit(1); }
   return m;
+}
+// FNV-1a over device buffers (copied back), for two builds of a kernel that must agree bitwise:
+// equal outputs print the same hash. `hash` chains the buffers.
+static unsigned long long fnv1a_device(const void* d, size_t n,
+                                       unsigned long long hash = 1469598103934665603ull) {
+  std::vector<uint8_t> bytes(n);
+  CK(cudaMemcpy(bytes.data(), d, n, cudaMemcpyDeviceToHost));
+  for (uint8_t c : bytes) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
 }
 #ifdef DSV4_TRACE
 // The trace buffer of csrc/sm90/shared/trace.cuh: arm() before the launch allocates and zeroes

@@ -109,9 +109,12 @@ int main(int argc, char** argv) {
   double fl = 4.0 * B * H * pairs * 512;
   // q and out, and each key row once: what a memory-bound call must move at least.
   double bytes = 2.0 * nq * 2 + (double)nkv * 2;
-  printf("%s B=%d S=%d Sk=%d H=%d causal=%d window_left=%d sinks=%d compressed=%d: median %.4f ms  %.0f TFLOP/s  %.0f GB/s of q+out+kv\n",
+  // What the last launch wrote (out and lse), for builds that must agree bitwise.
+  const unsigned long long hash =
+      fnv1a_device(lse, (size_t)B * H * S * 4, fnv1a_device(out, nq * 2));
+  printf("%s B=%d S=%d Sk=%d H=%d causal=%d window_left=%d sinks=%d compressed=%d: median %.4f ms  %.0f TFLOP/s  %.0f GB/s of q+out+kv, output hash %016llx\n",
          persistent ? "persistent" : "per-tile", B, S, Sk, H, causal, window_left, with_sinks, compressed_mode, ms[reps / 2],
-         fl / ms[reps / 2] / 1e9, bytes / ms[reps / 2] / 1e6);
+         fl / ms[reps / 2] / 1e9, bytes / ms[reps / 2] / 1e6, hash);
 #endif
   return 0;
 }
