@@ -4,7 +4,7 @@
 # on this build too), compute-sanitizer, the benchmarks and the main command; logs go to $OUT
 # (default ./out); a short summary is printed last.
 #   scripts/gpu_check.sh [--no-bench] [--no-fmha-bench] [--no-chunk-bench] [--no-dsv4-bench]
-#                        [--no-sanitizer] [--quick-bench]
+#                        [--no-sanitizer] [--no-main] [--quick-bench]
 #                        [--tests "FILES"]   (only those test files: a development run, not a check)
 #                        [--no-tests]        (no tests: the benchmarks of a tree whose suite ran in
 #                                             an earlier call on the same build)
@@ -28,6 +28,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BENCH=1; FMHA_BENCH=1; CHUNK_BENCH=1; DSV4_BENCH=1; SANITIZE=1; BENCH_ARGS=(); TESTS=tests; RUN_TESTS=1
+MAIN=1
 AB_BASE=
 while [ $# -gt 0 ]; do
   arg=$1; shift
@@ -39,6 +40,7 @@ while [ $# -gt 0 ]; do
     --no-chunk-bench) CHUNK_BENCH=0 ;;
     --no-dsv4-bench) DSV4_BENCH=0 ;;
     --no-sanitizer) SANITIZE=0 ;;
+    --no-main) MAIN=0 ;;  # a fresh machine's build, suite and sanitizers can fill 600 s alone
     --quick-bench) BENCH_ARGS+=(--quick) ;;
     --ab-base) AB_BASE=$1; shift ;;
     *) echo "unknown option $arg"; exit 2 ;;
@@ -46,6 +48,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$TESTS" = tests ] || echo "NOTE: only $TESTS (not the whole suite)"
 [ "$RUN_TESTS" = 1 ] || echo "NOTE: no tests in this call"
+[ "$MAIN" = 1 ] || echo "NOTE: no main command in this call"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 # The commit the status blocks name, where git works in this tree (and none was given).
@@ -118,7 +121,7 @@ if [ "$SANITIZE" = 1 ]; then
   step memcheck memcheck.log sanitize memcheck
   step racecheck racecheck.log sanitize racecheck
 fi
-step main main.log python3 -m dsv4_attn
+[ "$MAIN" = 1 ] && step main main.log python3 -m dsv4_attn
 if [ -n "$AB_BASE" ]; then
   ab_sass() {
     python3 scripts/kernel_sass.py dump "$AB_BASE" /tmp/sass_base &&
