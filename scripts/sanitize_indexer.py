@@ -2,8 +2,9 @@
 64 heads over two key splits with a full radix select, 8 heads (64 queries per block, a
 partial last block), 128 heads (one query per consumer), row scales and a negative scale,
 float8_e4m3 q and k with row scales (the serving mode), int32 positions in any order, two
-queries of up to 9000 rows (the CTA top-k, also with every score tied); then the paged form
-over a shuffled 64-row-block FP8 cache (two tokens a request, one request empty).
+queries of up to 9000 rows (the CTA top-k, where a row is longer than 2048; also with every
+score tied); then the paged form over a shuffled 64-row-block FP8 cache (two tokens a
+request, one request empty).
 (The chunked calls are too large for racecheck; tests cover them.)"""
 import torch
 
