@@ -88,7 +88,10 @@ int main(int argc, char** argv) {
   if (row.topk_k > 0) p.topk = topk;
   CUtensorMap tq = tmap(q, B, S, H, p.tile_tokens, p.tile_heads), tkv = tmap(kv, B, Sk, 1, 64, 1);
   CUtensorMap tc = ratio > 0 ? tmap(comp, B, Sc, 1, 64, 1) : tkv;
-  auto kernel = mqa512_sm90_kernel<__nv_bfloat16, false>;
+  // The plan's instantiation: CSA rows gather (kGathered), the others take TMA boxes.
+  auto kernel = plan.keys == Mqa512Keys::kGathered
+                    ? mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kGathered>
+                    : mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kTma>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
   const int grid = static_cast<int>(plan.grid);
 #ifdef DSV4_TRACE

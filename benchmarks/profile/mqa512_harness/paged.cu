@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
   }
   const CUtensorMap tq = tmap(q, 1, B, H, p.tile_tokens, p.tile_heads);  // (1, T, Hq, 512)
   using T = Mqa512Sm90Traits<__nv_bfloat16>;
-  auto kernel = mqa512_sm90_kernel<__nv_bfloat16, true>;
+  auto kernel = mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kPaged>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
   const int grid = (int)plan.grid;
   printf("# B=%d Hq=%d %s context=%d: %lld work tiles x %d splits, grid %d, %lld key tiles a token\n",

@@ -74,7 +74,10 @@ Route<Mqa512Plan> route_mqa512(const Mqa512Problem& pr, const DeviceFacts& devic
 std::string describe(const Mqa512Plan& plan) {
   return "mqa512 tile=" + std::to_string(plan.tile_tokens) + "x" + std::to_string(plan.tile_heads) +
          " splits=" + std::to_string(plan.num_splits) +
-         " grid=" + (plan.persistent ? "persistent:" : "per_tile:") + std::to_string(plan.grid);
+         " grid=" + (plan.persistent ? "persistent:" : "per_tile:") + std::to_string(plan.grid) +
+         " keys=" + (plan.keys == Mqa512Keys::kPaged      ? "paged"
+                     : plan.keys == Mqa512Keys::kGathered ? "gathered"
+                                                          : "tma");
 }
 
 #ifndef DSV4_WITH_CUDA

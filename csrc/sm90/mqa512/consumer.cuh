@@ -18,9 +18,10 @@
 
 namespace dsv4 {
 
-template <typename Element, bool kPaged>
+template <typename Element, Mqa512Keys kKeys>
 struct Mqa512Consumer {
   using T = Mqa512Sm90Traits<Element>;
+  static constexpr bool kPaged = kKeys == Mqa512Keys::kPaged;
   static constexpr int kBlockN = T::kBlockN, kHalf = T::kHalfBlocks;
   using PTile = Element[T::kBlockM][kBlockN];
 
@@ -312,9 +313,19 @@ struct Mqa512Consumer {
     ptx::wgmma_commit();
     // 3. While that P V runs: the pair's max from consumer 1, P rescaled to it and handed over
     //    (consumer 1's P V with it is the longest chain of the pair), then O rescaled once the
-    //    P V has landed.
+    //    P V has landed. Its stage's half 0 is free once the P V lands: gathered keys free it
+    //    before the handover, so their slower refill starts earlier; TMA boxes after it, so the
+    //    handover overlaps the P V.
+    const auto release_own_half = [&] {
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
+      ptx::mbarrier_arrive(kv_empty(0, 0));
+      DSV4_TRACE_STAMP(0, kTrace0KvReleased, tid == 0);
+    };
     wait_handoff(kMax1Ready, phase0);
     DSV4_TRACE_STAMP(0, kTrace0PairMax, tid == 0);
+    if constexpr (kKeys == Mqa512Keys::kGathered) release_own_half();
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float m_pair = s.row_max[1][frag_row + 8 * i];
@@ -329,11 +340,7 @@ struct Mqa512Consumer {
     DSV4_TRACE_STAMP(0, kTrace0PPublished, tid == 0);
 #pragma unroll
     for (int i = 0; i < 2; ++i) l_run[i] *= factor[i];
-    ptx::wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 128; ++i) ptx::fence_operand(o[i]);
-    ptx::mbarrier_arrive(kv_empty(0, 0));
-    DSV4_TRACE_STAMP(0, kTrace0KvReleased, tid == 0);
+    if constexpr (kKeys != Mqa512Keys::kGathered) release_own_half();
     rescale_rows_unless_one<256>(o, factor);
     // 4. O += P V for consumer 1's tile, with its P from shared memory.
     if (has_odd) {

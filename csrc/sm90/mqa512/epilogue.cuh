@@ -15,8 +15,8 @@
 namespace dsv4 {
 
 // n: the split's key tiles (0: the work tile loaded no Q, and no sinks with it).
-template <typename Element, bool kPaged>
-__device__ __forceinline__ void mqa512_epilogue(Mqa512Consumer<Element, kPaged>& c,
+template <typename Element, Mqa512Keys kKeys>
+__device__ __forceinline__ void mqa512_epilogue(Mqa512Consumer<Element, kKeys>& c,
                                                 const Mqa512Progress& progress, int n) {
   using T = Mqa512Sm90Traits<Element>;
   auto& s = c.s;

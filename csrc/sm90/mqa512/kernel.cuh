@@ -33,14 +33,14 @@
 
 namespace dsv4 {
 
-// kPaged: a paged call (dsv4_attention_paged), its own instantiation so that the producer's
-// FP8 gather does not weigh on the other calls' register allocation.
-template <typename Element, bool kPaged>
+// kKeys: where the key tiles come from (params.h).
+template <typename Element, Mqa512Keys kKeys>
 __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     mqa512_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
                        const __grid_constant__ CUtensorMap tmap_kv,
                        const __grid_constant__ CUtensorMap tmap_c, const Mqa512Sm90Params p) {
   using T = Mqa512Sm90Traits<Element>;
+  constexpr bool kPaged = kKeys == Mqa512Keys::kPaged;
   // Aligned by offsetting the __shared__ array itself (not through an integer), so the
   // compiler keeps the shared address space: 32-bit LDS/STS instead of generic accesses.
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(smem_raw + smem_align_offset());
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   }
 
   ptx::setmaxnreg_inc<kPaged ? T::kPagedConsumerRegs : T::kConsumerRegs>();
-  Mqa512Consumer<Element, kPaged> consumer{s, p, static_cast<int>(threadIdx.x / 128) - 1};
+  Mqa512Consumer<Element, kKeys> consumer{s, p, static_cast<int>(threadIdx.x / 128) - 1};
   for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;  // as in the producer
        progress.next_work(ptx::grid_ctas())) {
     const int n = consumer.take_tile(progress);  // this split's key tiles

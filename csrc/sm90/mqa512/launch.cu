@@ -12,11 +12,11 @@
 namespace dsv4 {
 namespace {
 
-template <typename Element, bool kPaged>
+template <typename Element, Mqa512Keys kKeys>
 void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at::Tensor& lse) {
   using T = Mqa512Sm90Traits<Element>;
   static_assert(T::kBlockM == kMqa512Rows && T::kBlockN == kMqa512KeysPerTile, "plan.h's numbers");
-  constexpr auto kernel = mqa512_sm90_kernel<Element, kPaged>;
+  constexpr auto kernel = mqa512_sm90_kernel<Element, kKeys>;
   const Mqa512Shape& s = pr.shape;
   const char* op = pr.op;
   Mqa512Sm90Params p = mqa512_params(s, plan);
@@ -94,13 +94,19 @@ void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at
 
 void run_mqa512(const Mqa512Problem& problem, const Mqa512Plan& plan, at::Tensor& out,
                 at::Tensor& lse) {
-  const bool paged = problem.num_paged > 0;
+  const auto run = [&](auto element) {
+    using Element = decltype(element);
+    switch (plan.keys) {
+      case Mqa512Keys::kTma: return launch<Element, Mqa512Keys::kTma>(problem, plan, out, lse);
+      case Mqa512Keys::kGathered:
+        return launch<Element, Mqa512Keys::kGathered>(problem, plan, out, lse);
+      case Mqa512Keys::kPaged: return launch<Element, Mqa512Keys::kPaged>(problem, plan, out, lse);
+    }
+  };
   if (problem.q.scalar_type() == at::kBFloat16) {
-    paged ? launch<__nv_bfloat16, true>(problem, plan, out, lse)
-          : launch<__nv_bfloat16, false>(problem, plan, out, lse);
+    run(__nv_bfloat16{});
   } else {
-    paged ? launch<__half, true>(problem, plan, out, lse)
-          : launch<__half, false>(problem, plan, out, lse);
+    run(__half{});
   }
 }
 

@@ -8,6 +8,15 @@
 
 namespace dsv4 {
 
+// Where a call's key tiles come from; the kernel is compiled once for each.
+// - kTma: the kv and HCA rows by TMA boxes (dense calls, sliding and HCA layers).
+// - kGathered: CSA's listed rows too, by a cp.async gather (the window rows by TMA). A gather's
+//   refill takes longer after a release than a box, so consumer 0 frees its half of stage 0
+//   before handing its P over rather than after (consumer.cuh).
+// - kPaged: every row from a paged FP8 cache (dsv4_attention_paged); its own instantiation also
+//   keeps the FP8 conversion's registers off the other calls.
+enum class Mqa512Keys : int { kTma, kGathered, kPaged };
+
 // One slot list of a paged call (dsv4_attention_paged) over a paged FP8 cache
 // (sm90/kv_cache/format.h): token t's entries are slots[t * len ...], entry j read iff
 // j < lengths[t] (no lengths: every entry) and 0 <= slot < capacity.

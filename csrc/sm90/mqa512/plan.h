@@ -47,6 +47,7 @@ struct Mqa512Plan {
   int num_splits = 1;
   bool persistent = true;    // one CTA per SM walks the work tiles; else one CTA per work tile
   int64_t grid = 0;          // CTAs
+  Mqa512Keys keys = Mqa512Keys::kTma;  // the kernel's instantiation (params.h)
 };
 
 // Why the kernel cannot take a call of this shape, or nullptr (the packing, the work-tile
@@ -103,6 +104,9 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
   plan.persistent = !o.mqa512_per_tile_grid;
   const int64_t work = plan.tiles * plan.num_splits;
   plan.grid = plan.persistent ? std::min<int64_t>(work, num_sms) : work;
+  plan.keys = s.paged_tiles > 0 ? Mqa512Keys::kPaged
+              : s.topk_k > 0    ? Mqa512Keys::kGathered
+                                : Mqa512Keys::kTma;
   return plan;
 }
 
