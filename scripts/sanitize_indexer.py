@@ -3,9 +3,12 @@
 partial last block), 128 heads (one query per consumer), row scales and a negative scale,
 float8_e4m3 q and k with row scales (the serving mode), int32 positions in any order, two
 queries of up to 9000 rows (the CTA top-k, where a row is longer than 2048; also with every
-score tied); then the paged form over a shuffled 64-row-block FP8 cache (two tokens a
-request, one request empty).
+score tied); the warp top-k (DSV4_INDEXER_TOPK=warp: calls this small plan a CTA a query) on
+rows of up to 2048 and of a few hundred; then the paged form over a shuffled 64-row-block FP8
+cache (two tokens a request, one request empty).
 (The chunked calls are too large for racecheck; tests cover them.)"""
+import os
+
 import torch
 
 import dsv4_attn
@@ -13,7 +16,8 @@ import dsv4_attn
 torch.manual_seed(0)
 calls = [  # (B, Sq, Sc, H, topk, dtype, extra)
     (1, 40, 2100, 64, 512, torch.bfloat16, {}),
-    (1, 40, 2048, 64, 512, torch.bfloat16, {}),  # the warp top-k's longest rows
+    (1, 40, 2048, 64, 512, torch.bfloat16, {"form": "warp"}),  # the warp top-k's longest rows
+    (1, 70, 300, 8, 64, torch.float16, {"scale": -0.5, "form": "warp"}),
     (1, 70, 300, 8, 64, torch.float16, {"scale": -0.5}),
     (2, 5, 90, 128, 16, torch.bfloat16, {"k_scale": True}),
     (1, 40, 2100, 64, 512, torch.float8_e4m3fn, {"k_scale": True}),
@@ -30,12 +34,18 @@ for b, sq, sc, h, topk, dtype, extra in calls:
         kw["k_scale"] = torch.rand(b, sc, device="cuda")
     if "scale" in extra:
         kw["scale"] = extra["scale"]
+    os.environ.pop("DSV4_INDEXER_TOPK", None)
+    if "form" in extra:
+        os.environ["DSV4_INDEXER_TOPK"] = extra["form"]
+        plan = dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos, **kw)
+        assert plan.endswith(" topk=" + extra["form"]), plan
     assert dsv4_attn.dsv4_indexer_topk_path(q, k, w, pos, **kw) == "sm90"
     out = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
     torch.cuda.synchronize()
     closed = torch.clamp((pos.long() + 1) // 4, max=sc)
     want_listed = torch.clamp(closed, max=topk)
     assert torch.equal((out >= 0).sum(-1), want_listed), "listed rows != min(topk, closed rows)"
+os.environ.pop("DSV4_INDEXER_TOPK", None)
 lens = torch.tensor([700, 0, 130], dtype=torch.int32, device="cuda")
 pages = 12
 cache = torch.randint(0, 120, (3 * pages, 64 * 132), dtype=torch.uint8, device="cuda")

@@ -67,6 +67,22 @@ def test_kernel_matches_oracle_exactly(b, sq, sc, h, topk, ratio, dtype):
     assert torch.equal(got.cpu(), want)
 
 
+@pytest.mark.parametrize("b,sq,sc,h,topk,ratio", [
+    (2, 50, 300, 64, 64, 4),      # early queries see fewer rows than topk
+    (1, 40, 2048, 64, 512, 4),    # the longest rows a warp takes, a full radix select
+    (1, 100, 200, 8, 16, 4),      # 64 queries per block
+    (1, 20, 40, 128, 64, 128),    # a few closed rows, -1 tails
+])
+def test_warp_topk_matches_oracle_exactly(monkeypatch, b, sq, sc, h, topk, ratio):
+    """The warp top-k, which the plan takes only for launches of many rows, on small calls."""
+    monkeypatch.setenv("DSV4_INDEXER_TOPK", "warp")
+    q, k, w, pos = _case("warp", b, sq, sc, h, torch.bfloat16, ratio)
+    kw = dict(topk=topk, compress_ratio=ratio, scale=0.5)
+    assert dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos, **kw).endswith(" topk=warp")
+    got = _poisoned_run(q, k, w, pos, **kw)
+    assert torch.equal(got.cpu(), ref.indexer_topk(q.cpu(), k.cpu(), w.cpu(), pos.cpu(), **kw))
+
+
 def test_kernel_shuffled_int32_positions_and_negative_scale():
     """Positions in any order (the block's causal bound is its largest), int32, and a negative
     scale (ReLU(scale q.k) keeps its sign inside)."""
@@ -135,9 +151,10 @@ def test_pipelined_chunks_in_a_cuda_graph(monkeypatch):
     assert torch.equal(copied, want)
 
 
-@pytest.mark.parametrize("sc,form", [(2048, "warp"), (6000, "cta")])
-def test_kernel_gaussian_scores_at_each_rank(sc, form):
+@pytest.mark.parametrize("sc,form", [(2048, "warp"), (2048, "cta"), (6000, "cta")])
+def test_kernel_gaussian_scores_at_each_rank(monkeypatch, sc, form):
     """Few ties: the first pass's bin is compacted, in each form of the top-k."""
+    monkeypatch.setenv("DSV4_INDEXER_TOPK", form)  # rows past 2048 take a CTA whatever it says
     gen = torch.Generator().manual_seed(11)
     b, sq, h, topk = 1, 96, 64, 512
     q = torch.randn(b, sq, h, 128, generator=gen).bfloat16().cuda()
@@ -326,16 +343,27 @@ def test_kernel_in_a_cuda_graph():
         assert torch.equal(out.cpu(), want)
 
 
-def test_route_names_its_reasons():
+def test_route_names_its_reasons(monkeypatch):
     q, k, w, pos = _case("route", 1, 16, 64, 64, torch.bfloat16)
     plan = lambda *a, **kw: dsv4_attn.launch_plan("dsv4_indexer_topk", *a, topk=8,  # noqa: E731
                                                   compress_ratio=4, **kw)
     assert plan(q, k, w, pos).startswith("sm90 indexer queries_per_block=8")
-    assert plan(q, k, w, pos).endswith(" topk=warp")  # short rows: a warp per query
+    assert plan(q, k, w, pos).endswith(" topk=cta")  # 16 short rows: a CTA each, for latency
+    # Short rows, four or more a launch per SM: a warp per query.
+    many = 4 * torch.cuda.get_device_properties(0).multi_processor_count
+    reps = -(-many // 16)
+    q_many, w_many = q.repeat(1, reps, 1, 1)[:, :many], w.repeat(1, reps, 1)[:, :many]
+    assert plan(q_many, k, w_many, pos.repeat(1, reps)[:, :many]).endswith(" topk=warp")
+    monkeypatch.setenv("DSV4_INDEXER_TOPK", "warp")
+    assert plan(q, k, w, pos).endswith(" topk=warp")
     assert dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos, topk=513,
-                                 compress_ratio=4).endswith(" topk=cta")
+                                 compress_ratio=4).endswith(" topk=cta")  # past a warp's list
     long_k = torch.cat([k] * 33, dim=1)  # 2112 rows: past a warp's keys
     assert plan(q, long_k, w, pos).endswith(" topk=cta")
+    monkeypatch.setenv("DSV4_INDEXER_TOPK", "block")
+    with pytest.raises(RuntimeError, match="DSV4_INDEXER_TOPK must be cta or warp, got 'block'"):
+        plan(q, k, w, pos)
+    monkeypatch.delenv("DSV4_INDEXER_TOPK")
     assert "head dim is not 128" in plan(q[..., :64], k[..., :64], w, pos)
     assert "power of two" in plan(q[:, :, :48], k, w[..., :48], pos)
     wide = torch.cat([q] * 4, dim=2)  # 256 heads: more than a consumer's 128 columns
@@ -348,6 +376,14 @@ def test_route_names_its_reasons():
     exact = dict(topk=8, compress_ratio=4, scale=0.5)  # exact scores: the paths agree on ties
     got = dsv4_attn.dsv4_indexer_topk(heads_strided, k, w, pos, **exact)
     assert torch.equal(got, dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **exact))
+    # A lone query's stride is never used: any value keeps the call on the kernel.
+    one = q[:, -1:]
+    one_odd = one.as_strided(one.shape, (one.stride(0), 7, one.stride(2), 1))
+    one_w, one_pos = w[:, -1:], pos[:, -1:]
+    assert plan(one_odd, k, one_w, one_pos).startswith("sm90 ")
+    got = dsv4_attn.dsv4_indexer_topk(one_odd, k, one_w, one_pos, **exact)
+    assert torch.equal(got, dsv4_attn.dsv4_indexer_topk(one.contiguous(), k, one_w, one_pos,
+                                                        **exact))
 
 
 # ----------------------------------------------------------------------------- the paged form
@@ -376,7 +412,7 @@ def _poisoned_paged(*args, **kw):
     ([700, 130], 3, 8, 64, 0, torch.int64),          # 8 heads: 16 queries a block; int64 indices
     ([2100, 9], 1, 128, 2048, 0, torch.int32),       # 128 heads, the largest topk, -1 tails
     ([1500, 640], 2, 64, 128, 0, torch.int32),       # 64 heads, 2 queries: 128 columns
-    ([1900, 2000, 300], 1, 64, 512, 0, torch.int32),  # the warp top-k near its longest rows
+    ([1900, 2000, 300], 1, 64, 512, 0, torch.int32),  # rows near a warp's longest (on CTAs)
 ])
 def test_paged_kernel_matches_oracle_exactly(lens, tokens, heads, topk, block_pad, index_dtype):
     args = _paged("paged", lens, tokens, heads, block_pad, index_dtype)
@@ -386,6 +422,16 @@ def test_paged_kernel_matches_oracle_exactly(lens, tokens, heads, topk, block_pa
     want = ref.indexer_topk_paged(*args, **kw)
     assert got.shape == (len(lens), tokens, topk)
     assert torch.equal(got.cpu(), want)
+
+
+def test_paged_warp_topk_matches_oracle_exactly(monkeypatch):
+    """The warp top-k on a decode step's rows, near its longest (the plan takes CTAs for so few)."""
+    monkeypatch.setenv("DSV4_INDEXER_TOPK", "warp")
+    args = _paged("pwarp", [1900, 2000, 300, 1100], 2, 64)
+    kw = dict(topk=512, compress_ratio=4, scale=0.5)
+    assert dsv4_attn.launch_plan("dsv4_indexer_topk_paged", *args, **kw).endswith(" topk=warp")
+    got = _poisoned_paged(*args, **kw)
+    assert torch.equal(got.cpu(), ref.indexer_topk_paged(*args, **kw))
 
 
 def test_paged_kernel_sees_only_closed_rows():
@@ -431,8 +477,18 @@ def test_paged_route_names_its_reasons():
     assert "64 rows" in plan(q, cache[:, :32], w, pos, table, lens)
     assert "topk above 2048" in dsv4_attn.launch_plan(
         "dsv4_indexer_topk_paged", q, cache, w, pos, table, lens, topk=4096, compress_ratio=4)
+    heads_outer = torch.empty(q.shape[0], q.shape[2], 2, 128, dtype=q.dtype, device="cuda")
+    heads_outer.copy_(q.transpose(1, 2).expand(-1, -1, 2, -1))
+    heads_strided = heads_outer.transpose(1, 2)  # two tokens a request, heads outermost
+    two = lambda t: torch.cat([t, t], dim=1)  # noqa: E731
+    assert "strides" in plan(heads_strided, cache, two(w), two(pos), table, lens)
+    # A decode step's lone token: its stride is never used, so any value stays on the kernel.
+    q_odd = q.as_strided(q.shape, (q.stride(0), 5, q.stride(2), 1))
+    assert plan(q_odd, cache, w, pos, table, lens).startswith("sm90 ")
     # Off the kernel, the reference path gives the same picks (exact scores).
     kw = dict(topk=8, compress_ratio=4, scale=0.5)
     got = dsv4_attn.dsv4_indexer_topk_paged(q, cache, w, pos, table, lens, **kw)
     assert torch.equal(got, dsv4_attn.dsv4_indexer_topk_paged(q.float(), cache, w, pos, table,
                                                               lens, **kw))
+    assert torch.equal(got, dsv4_attn.dsv4_indexer_topk_paged(q_odd, cache, w, pos, table, lens,
+                                                              **kw))

@@ -22,7 +22,7 @@ bool is_fp8(const at::Tensor& t) { return t.scalar_type() == at::kFloat8_e4m3fn;
 
 Route<IndexerPlan> route(const IndexerCall& c, bool for_plan) {
   const Overrides overrides = read_overrides();
-  return route_indexer(c, device_facts(c.q, overrides, for_plan));
+  return route_indexer(c, device_facts(c.q, overrides, for_plan), overrides);
 }
 
 // Σ_h w_h ReLU(scale q_h · k) of fp32 queries q (..., n, H, D) against the keys transposed,
@@ -218,7 +218,7 @@ constexpr int64_t kDequantBudget = int64_t(256) << 20;  // fp32 rows dequantized
 
 Route<IndexerPlan> route_paged(const IndexerPagedCall& c, bool for_plan) {
   const Overrides overrides = read_overrides();
-  return route_indexer_paged(c, device_facts(c.q, overrides, for_plan));
+  return route_indexer_paged(c, device_facts(c.q, overrides, for_plan), overrides);
 }
 
 void check_index_dtype(const char* name, const at::Tensor& t) {

@@ -29,13 +29,25 @@ void plan_chunks(IndexerPlan& plan) {
   plan.chunk_blocks = static_cast<int>((total_blocks + plan.num_chunks - 1) / plan.num_chunks);
 }
 
-// A warp per query where no row is longer than kIndexerWarpTopkRows and topk fits its list.
-bool fits_warp_topk(const IndexerPlan& plan, int64_t topk) {
-  return plan.row_stride <= kIndexerWarpTopkRows && topk <= kIndexerWarpTopkMax;
+// A launch's rows per SM below which the top-k takes a CTA per query even where a warp's list
+// fits: a lone row's latency is then the call's, and a CTA's 512 threads finish a row sooner
+// (topk_bench, H200: 64 decode rows of 2048 keys 14 µs on CTAs against 36 µs on warps; an 8k
+// prompt's chunks of 2736 rows 0.28 ms against 0.17 ms; the two meet near four rows an SM).
+constexpr int64_t kWarpTopkMinRowsPerSm = 4;
+
+// A warp per query where no row is longer than kIndexerWarpTopkRows, topk fits its list and
+// a launch has rows enough to fill the SMs' warps (or DSV4_INDEXER_TOPK says which).
+bool use_warp_topk(const IndexerPlan& plan, int64_t topk, const DeviceFacts& device,
+                   const Overrides& overrides) {
+  if (plan.row_stride > kIndexerWarpTopkRows || topk > kIndexerWarpTopkMax) return false;
+  if (overrides.indexer_topk_warp >= 0) return overrides.indexer_topk_warp == 1;
+  const int64_t rows = int64_t(plan.chunk_blocks) * plan.queries_per_block;
+  return rows >= kWarpTopkMinRowsPerSm * std::max(device.num_sms, 1);
 }
 }  // namespace
 
-Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& device) {
+Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& device,
+                                 const Overrides& overrides) {
   using R = Route<IndexerPlan>;
   if (!device.sm90) return R::reference(device.why_not);
   const at::ScalarType dt = pr.q.scalar_type();
@@ -56,8 +68,9 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
   if (batch == 0 || seq_q == 0 || seq_c == 0 || pr.q.numel() == 0 || pr.k.numel() == 0) {
     return R::reference("no queries or no rows");
   }
-  if (pr.q.stride(-3) != heads * pr.q.stride(-2) || !tma_compatible(pr.q) ||
-      !tma_compatible(pr.k)) {
+  // The (query, head) rows must be one stride apart; a lone query's own stride is never used.
+  const bool rows_strided = pr.q.size(-3) > 1 && pr.q.stride(-3) != heads * pr.q.stride(-2);
+  if (rows_strided || !tma_compatible(pr.q) || !tma_compatible(pr.k)) {
     return R::reference("q or k strides TMA cannot describe (q's heads must be contiguous rows)");
   }
   if (view_q * heads >= (int64_t(1) << 31) || pr.k.size(-2) >= (int64_t(1) << 30) ||
@@ -76,11 +89,12 @@ Route<IndexerPlan> route_indexer(const IndexerProblem& pr, const DeviceFacts& de
   plan.splits = static_cast<int>((plan.row_stride / 64 + kIndexerTilesPerSplit - 1) /
                                  kIndexerTilesPerSplit);
   plan.smem_keys = static_cast<int>(std::min<int64_t>(seq_c, kIndexerKeyCapacity));
-  plan.warp_topk = fits_warp_topk(plan, pr.topk);
+  plan.warp_topk = use_warp_topk(plan, pr.topk, device, overrides);
   return R::kernel(plan);
 }
 
-Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& pr, const DeviceFacts& device) {
+Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& pr, const DeviceFacts& device,
+                                       const Overrides& overrides) {
   using R = Route<IndexerPlan>;
   if (!device.sm90) return R::reference(device.why_not);
   if (pr.q.scalar_type() != at::kFloat8_e4m3fn) {
@@ -96,7 +110,7 @@ Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& pr, const Devi
     return R::reference("k_cache's blocks do not hold 64 rows");
   }
   if (batch == 0 || tokens == 0 || pages == 0) return R::reference("no queries or no rows");
-  if (pr.q.stride(1) != heads * pr.q.stride(2) || !tma_compatible(pr.q)) {
+  if ((tokens > 1 && pr.q.stride(1) != heads * pr.q.stride(2)) || !tma_compatible(pr.q)) {
     return R::reference("q strides TMA cannot describe (its heads must be contiguous rows)");
   }
   if (pages > 1 && pr.block_table.stride(1) != 1) {
@@ -126,7 +140,7 @@ Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& pr, const Devi
       std::clamp<int64_t>((total_blocks * pages + 4 * sms - 1) / (4 * sms), 4, 32));
   plan.splits = static_cast<int>((pages + plan.tiles_per_split - 1) / plan.tiles_per_split);
   plan.smem_keys = static_cast<int>(std::min<int64_t>(plan.row_stride, kIndexerKeyCapacity));
-  plan.warp_topk = fits_warp_topk(plan, pr.topk);
+  plan.warp_topk = use_warp_topk(plan, pr.topk, device, overrides);
   return R::kernel(plan);
 }
 

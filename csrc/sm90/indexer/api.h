@@ -52,9 +52,10 @@ struct IndexerPlan {
   int64_t workspace_bytes() const { return buffers * buffer_floats() * 4; }
 };
 
-Route<IndexerPlan> route_indexer(const IndexerProblem& problem, const DeviceFacts& device);
+Route<IndexerPlan> route_indexer(const IndexerProblem& problem, const DeviceFacts& device,
+                                 const Overrides& overrides);
 Route<IndexerPlan> route_indexer_paged(const IndexerPagedProblem& problem,
-                                       const DeviceFacts& device);
+                                       const DeviceFacts& device, const Overrides& overrides);
 std::string describe(const IndexerPlan& plan);
 
 // Queues the kernels chunk by chunk on the current stream and, with two buffers, the second

@@ -63,6 +63,9 @@ Overrides read_overrides() {
   if (const char* v = std::getenv("DSV4_CHUNK_WARMUP")) {
     o.chunk_warmups = parse_choice("DSV4_CHUNK_WARMUP", v, {"0", "1"}, "0 or 1") == 1;
   }
+  if (const char* v = std::getenv("DSV4_INDEXER_TOPK")) {
+    o.indexer_topk_warp = parse_choice("DSV4_INDEXER_TOPK", v, {"cta", "warp"}, "cta or warp");
+  }
   return o;
 }
 

@@ -19,6 +19,7 @@ struct Overrides {
   int chunk_segments = 0;        // DSV4_CHUNK_SEGMENTS=N: N segments per sequence (1: unsplit); 0: planned
   int chunk_fused = -1;          // DSV4_CHUNK_FUSED=0|1, unsplit dense delta-rule calls; -1: planned
   bool chunk_warmups = true;     // DSV4_CHUNK_WARMUP=0: every head through the exact combine
+  int indexer_topk_warp = -1;    // DSV4_INDEXER_TOPK=warp|cta where a warp's list fits; -1: planned
 };
 
 Overrides read_overrides();
