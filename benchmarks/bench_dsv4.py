@@ -445,7 +445,8 @@ def rows_indexer_paged(ceil, device, quick):
     """dsv4_indexer_topk_paged decode steps (each one of 20 in a CUDA graph): the cache bytes
     read (132 per row) over the time, against the same run's copy rate."""
     rows = []
-    for b, context in ([(64, 65536)] if quick else [(64, 65536), (64, 16384), (8, 65536)]):
+    for b, context in ([(64, 65536)] if quick else [(64, 65536), (64, 16384), (64, 8192),
+                                                     (8, 65536)]):
         n = context // 4
         q, cache, w, pos, table, lens = indexer_paged_inputs(b, n, device)
         kw = dict(topk=INDEXER_TOPK, compress_ratio=4)
