@@ -412,7 +412,7 @@ def _poisoned_paged(*args, **kw):
     ([700, 130], 3, 8, 64, 0, torch.int64),          # 8 heads: 16 queries a block; int64 indices
     ([2100, 9], 1, 128, 2048, 0, torch.int32),       # 128 heads, the largest topk, -1 tails
     ([1500, 640], 2, 64, 128, 0, torch.int32),       # 64 heads, 2 queries: 128 columns
-    ([1900, 2000, 300], 1, 64, 512, 0, torch.int32),  # rows near a warp's longest (on CTAs)
+    ([1900, 2000, 300], 1, 64, 512, 0, torch.int32),  # a 33-page table: past a warp's rows
 ])
 def test_paged_kernel_matches_oracle_exactly(lens, tokens, heads, topk, block_pad, index_dtype):
     args = _paged("paged", lens, tokens, heads, block_pad, index_dtype)
@@ -427,7 +427,7 @@ def test_paged_kernel_matches_oracle_exactly(lens, tokens, heads, topk, block_pa
 def test_paged_warp_topk_matches_oracle_exactly(monkeypatch):
     """The warp top-k on a decode step's rows, near its longest (the plan takes CTAs for so few)."""
     monkeypatch.setenv("DSV4_INDEXER_TOPK", "warp")
-    args = _paged("pwarp", [1900, 2000, 300, 1100], 2, 64)
+    args = _paged("pwarp", [1900, 1984, 300, 1100], 2, 64)  # a 32-page table: 2048 rows
     kw = dict(topk=512, compress_ratio=4, scale=0.5)
     assert dsv4_attn.launch_plan("dsv4_indexer_topk_paged", *args, **kw).endswith(" topk=warp")
     got = _poisoned_paged(*args, **kw)
