@@ -331,10 +331,10 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
 }
 
 // Short rows (at most kIndexerWarpTopkRows closed rows, topk at most kIndexerWarpTopkMax), many
-// of them: a warp per query, one to a CTA, without the block-wide barriers, 4096-bin scans and fixed
-// costs that indexer_topk_kernel pays per query. The same list: a radix select over four 8-bit
-// digits on the warp's own histogram, the rows above T and the first rows equal to T in row
-// order (by ballots), and a stable radix sort of that list by key (the order of (key, row)).
+// of them: a warp per query, one to a CTA, without the block-wide barriers, 4096-bin scans and
+// fixed costs that indexer_topk_kernel pays per query. The same list: a radix select over four
+// 8-bit digits on the warp's own histogram, the rows above T and the first rows equal to T in
+// row order (by ballots), and a stable radix sort of that list by key (the order of (key, row)).
 struct IndexerWarpTopkTraits {
   // One warp a CTA: each row's slot frees as soon as it is done (eight to a CTA: an 8k
   // prompt's top-k 0.189 -> 0.174 ms, topk_bench, H200, the same picks).
