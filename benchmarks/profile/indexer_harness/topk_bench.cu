@@ -73,16 +73,12 @@ int main(int argc, char** argv) {
   const int topk = argc > 4 ? atoi(argv[4]) : 512;
   const int context = argc > 5 ? atoi(argv[5]) : 0;
   const int ratio = 4, heads = 64, Sc = (context > 0 ? context : S) / ratio;
-  // api.cpp's plan for one dense sequence.
+  // api.cpp's plan for one dense sequence (the chunking is params.h's indexer_chunks).
   const int qpb = kIndexerConsumers * kIndexerColumns / heads;
   const int total_blocks = (S + qpb - 1) / qpb;
   const int64_t row_stride = (Sc + 63) / 64 * 64;
-  const int64_t block_bytes = int64_t(qpb) * row_stride * 4, budget = int64_t(60) << 20;
-  int buffers = total_blocks * block_bytes <= budget ? 1 : 2;
-  const int64_t fit =
-      std::max<int64_t>(1, std::min<int64_t>(budget / buffers / block_bytes, 65535));
-  const int num_chunks = static_cast<int>((total_blocks + fit - 1) / fit);
-  const int chunk_blocks = (total_blocks + num_chunks - 1) / num_chunks;
+  const IndexerChunks chunks = indexer_chunks(total_blocks, int64_t(qpb) * row_stride * 4);
+  const int num_chunks = chunks.num_chunks, chunk_blocks = chunks.chunk_blocks;
   const bool force_cta = argc > 6 && std::string(argv[6]) == "cta";
   const bool warp =
       !force_cta && row_stride <= kIndexerWarpTopkRows && topk <= kIndexerWarpTopkMax;

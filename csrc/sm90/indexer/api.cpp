@@ -13,20 +13,14 @@
 
 namespace dsv4 {
 namespace {
-// The scores' workspace: one buffer where the whole call fits, else two buffers of half.
-constexpr int64_t kWorkspaceBudget = int64_t(60) << 20;
-
 // The workspace's chunks and buffers for plan.total_blocks blocks of queries_per_block rows of
 // row_stride floats.
 void plan_chunks(IndexerPlan& plan) {
-  const int64_t total_blocks = plan.total_blocks;
-  const int64_t block_bytes = int64_t(plan.queries_per_block) * plan.row_stride * 4;
-  plan.buffers = total_blocks * block_bytes <= kWorkspaceBudget ? 1 : 2;
-  const int64_t fit = std::max<int64_t>(
-      1, std::min<int64_t>(kWorkspaceBudget / plan.buffers / block_bytes, 65535));
-  plan.num_chunks = static_cast<int>((total_blocks + fit - 1) / fit);
-  plan.buffers = std::min(plan.buffers, plan.num_chunks);
-  plan.chunk_blocks = static_cast<int>((total_blocks + plan.num_chunks - 1) / plan.num_chunks);
+  const IndexerChunks c = indexer_chunks(
+      plan.total_blocks, int64_t(plan.queries_per_block) * plan.row_stride * 4);
+  plan.buffers = c.buffers;
+  plan.num_chunks = c.num_chunks;
+  plan.chunk_blocks = c.chunk_blocks;
 }
 
 // A launch's rows per SM below which the top-k takes a CTA per query even where a warp's list

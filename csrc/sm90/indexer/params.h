@@ -7,9 +7,28 @@
 // chunk_blocks * queries_per_block rows of row_stride floats, reused by every chunk.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace dsv4 {
+
+// The scores' workspace (api.cpp's plan; the top-k harness plans with it too): one buffer where
+// the whole call fits the budget, else two buffers of half, each holding a chunk of at most
+// 65535 work blocks of block_bytes.
+constexpr int64_t kIndexerWorkspaceBudget = int64_t(60) << 20;
+struct IndexerChunks {
+  int buffers, num_chunks, chunk_blocks;
+};
+inline IndexerChunks indexer_chunks(int64_t total_blocks, int64_t block_bytes) {
+  IndexerChunks c;
+  c.buffers = total_blocks * block_bytes <= kIndexerWorkspaceBudget ? 1 : 2;
+  const int64_t fit = std::max<int64_t>(
+      1, std::min<int64_t>(kIndexerWorkspaceBudget / c.buffers / block_bytes, 65535));
+  c.num_chunks = static_cast<int>((total_blocks + fit - 1) / fit);
+  c.buffers = std::min(c.buffers, c.num_chunks);
+  c.chunk_blocks = static_cast<int>((total_blocks + c.num_chunks - 1) / c.num_chunks);
+  return c;
+}
 
 constexpr int kIndexerMaxTopk = 2048;       // the top-k CTA's list (topk.cuh)
 constexpr int kIndexerKeyCapacity = 32768;  // keys a top-k CTA stages: 128 KB
