@@ -39,6 +39,7 @@ bytes read against the same-run copy rate. An exact small case of each mode is c
 the float64 oracle first. --only-indexer prints only it.
 """
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -138,12 +139,26 @@ def check_flashmla(flashmla, device, dtype):
     return err(ours[0]), err(peer)
 
 
-def row_vs_flashmla(flashmla, kind, topk, context, hq, ceil, device, dtype, sq=8192):
-    """One issue-44 row: dsv4_attention and FlashMLA (heads padded to 64) on the same layer."""
+def rows_vs_flashmla(flashmla, kind, topk, context, hq, ceil, device, dtype, sq=8192):
+    """One issue-44 row: dsv4_attention and FlashMLA (heads padded to 64) on the same layer.
+    CSA at 16 or fewer heads gives two rows, the planned narrow form's and the 64-row tiles'
+    (DSV4_MQA512_NARROW=0), timed in the same run."""
     q, kv, kw, t, closed = layer_inputs(kind, sq, context, hq, topk, device, dtype)
-    path = dsv4_attn.dsv4_attention_path(q, kv, **kw)
-    ours = common.bench_ms(lambda: dsv4_attn.dsv4_attention(q, kv, **kw), warmup=2, rep=10,
-                           budget_ms=None)
+    forms = [("", None)]
+    if kind == "CSA" and hq <= 16:
+        forms = [(" (narrow)", "1"), (" (64-row tiles)", "0")]
+    return [row_vs_flashmla(flashmla, kind, topk, context, hq, ceil, q, kv, kw, t, closed, sq,
+                            label, narrow) for label, narrow in forms]
+
+
+def row_vs_flashmla(flashmla, kind, topk, context, hq, ceil, q, kv, kw, t, closed, sq, label,
+                    narrow):
+    with common.env_override("DSV4_MQA512_NARROW", narrow) if narrow else contextlib.nullcontext():
+        plan = dsv4_attn.launch_plan("dsv4_attention", q, kv, **kw)
+        assert narrow is None or plan.endswith(" narrow=16") == (narrow == "1"), plan
+        path = dsv4_attn.dsv4_attention_path(q, kv, **kw) + label
+        ours = common.bench_ms(lambda: dsv4_attn.dsv4_attention(q, kv, **kw), warmup=2, rep=10,
+                               budget_ms=None)
     heads = max(hq, 64)
     peer = None
     if flashmla is not None:
@@ -660,8 +675,8 @@ def main(argv=None):
             mla_note += (f"; check on a small CSA case, max |error| vs the float64 oracle: ours "
                          f"{ours_err:.1e}, FlashMLA {peer_err:.1e}")
         specs = VS_FLASHMLA[:1] if args.quick else VS_FLASHMLA
-        mla_rows = [row_vs_flashmla(flashmla, k, tk, ctx, h, ceil, device, dtype)
-                    for k, tk, ctx, h in specs]
+        mla_rows = [row for k, tk, ctx, h in specs
+                    for row in rows_vs_flashmla(flashmla, k, tk, ctx, h, ceil, device, dtype)]
         mla_headers = ["layer, S = 8192", "Hq", "path", "dsv4 ms", "FlashMLA ms",
                        "speed vs FlashMLA", "dsv4 of GEMM", "FlashMLA of GEMM"]
         table_md += ("\n\n" + mla_note + "\n\n" +

@@ -2,6 +2,8 @@
 
 160 work tiles (5 query tiles x 8 heads x 4 batches) exceed the SM count, so persistent CTAs
 reuse their Q buffer and K/V ring across work tiles."""
+import os
+
 import torch
 
 import dsv4_attn
@@ -53,18 +55,23 @@ torch.cuda.synchronize()
 assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 print("sanitize_fmha: dsv4_attention CSA sm90 path ran, outputs finite")
 
-# CSA at 8 heads (8 tokens per work tile, each token's list in turn), a third of the lists
-# padded with -1 as an indexer pads them.
+# CSA at 8 heads, a third of the lists padded with -1 as an indexer pads them, in both forms:
+# the narrow one (one token's heads a work tile, the key tiles round a ring of three stages)
+# and 64-row tiles (8 tokens a work tile, each token's list in turn).
 q8 = torch.randn(1, 300, 8, 512, device="cuda", dtype=torch.bfloat16)
 topk = torch.randint(0, 110, (1, 300, 96), device="cuda", dtype=torch.int32)
 topk[:, ::3, 40:] = -1
 kw["sinks"] = torch.randn(8, device="cuda")
 kw["topk_indices"] = topk
-assert dsv4_attn.dsv4_attention_path(q8, kv, **kw) == "sm90"
-out, lse = dsv4_attn.dsv4_attention(q8, kv, return_lse=True, **kw)
-torch.cuda.synchronize()
-assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-print("sanitize_fmha: dsv4_attention CSA at 8 heads sm90 path ran, outputs finite")
+for narrow in ("1", "0"):
+    os.environ["DSV4_MQA512_NARROW"] = narrow
+    plan = dsv4_attn.launch_plan("dsv4_attention", q8, kv, **kw)
+    assert plan.endswith(" narrow=16") == (narrow == "1"), plan
+    out, lse = dsv4_attn.dsv4_attention(q8, kv, return_lse=True, **kw)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    print(f"sanitize_fmha: dsv4_attention CSA at 8 heads ({plan}) ran, outputs finite")
+del os.environ["DSV4_MQA512_NARROW"]
 
 # Split-KV decode: 2 work tiles over 132 SMs, so each key range is cut and combined.
 q = torch.randn(1, 1, 128, 512, device="cuda", dtype=torch.bfloat16)

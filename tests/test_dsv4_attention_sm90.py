@@ -215,18 +215,81 @@ def test_dsv4_sm90_csa_sparse_lists(b, sq, skv, h, k):
           seed=stable_seed("sparse", b, sq, h, k))
 
 
+# (B, Sq, Skv, Hq, window, Sc, K, dtype, lists): CSA at 16 or fewer heads in the narrow form
+# (one token's heads a work tile, pinned on with DSV4_MQA512_NARROW=1 so that small calls take
+# it too): a work tile of one key tile (one consumer idle), the window's boundary tiles, lists
+# of -1, out-of-range, unclosed and repeated rows, padded and sparse lists, several work tiles
+# a CTA.
+NARROW_CASES = [
+    (1, 300, 1200, 8, 128, 300, 512, torch.bfloat16, "random"),
+    (2, 150, 600, 16, 128, 150, 100, torch.float16, "random"),
+    (1, 200, 800, 1, 128, 200, 512, torch.bfloat16, "padded"),
+    (2, 130, 300, 2, 127, 75, 64, torch.bfloat16, "padded"),
+    (1, 150, 600, 16, 128, 150, 1024, torch.bfloat16, "sparse"),
+    (1, 140, 400, 4, 0, 100, 64, torch.bfloat16, "random"),   # no window keys: one tile each
+    (1, 400, 2000, 8, 128, 500, 1024, torch.float16, "padded"),
+]
+
+
+@pytest.mark.parametrize("b,sq,skv,h,window,sc,k,dtype,lists", NARROW_CASES)
+def test_dsv4_sm90_csa_narrow_matches_oracle(monkeypatch, b, sq, skv, h, window, sc, k, dtype,
+                                             lists):
+    monkeypatch.setenv("DSV4_MQA512_NARROW", "1")
+    q = torch.empty(b, sq, h, D, device="cuda", dtype=dtype)
+    kw = dict(compressed_kv=torch.empty(b, sc, D, device="cuda", dtype=dtype), compress_ratio=4,
+              topk_indices=torch.zeros(b, sq, k, dtype=torch.int32, device="cuda"), window=window)
+    plan = dsv4_attn.launch_plan("dsv4_attention", q, torch.empty(b, skv, D, device="cuda",
+                                                                   dtype=dtype), **kw)
+    assert plan.endswith(" narrow=16") and "tile=1x%d " % h in plan, plan
+    check(b, sq, skv, h, window, 4, sc, True, dtype=dtype, topk_k=k,
+          padded_lists=lists == "padded", sparse_lists=lists == "sparse",
+          seed=stable_seed("narrow", b, sq, h, k))
+
+
+def test_dsv4_sm90_csa_narrow_planned_and_pinned_off(monkeypatch):
+    """The narrow form is planned for a prefill of 8 and 16 heads, not for 32 (64-row tiles of
+    2 tokens) nor for a decode step (split-KV); DSV4_MQA512_NARROW=0 packs 64-row tiles, and
+    the 64-row form still matches the oracle; a bad value is an error naming the variable."""
+    def plan(sq, h, b=1):
+        q = torch.empty(b, sq, h, D, device="cuda").bfloat16()
+        kv = torch.empty(b, 4 * sq + 128, D, device="cuda").bfloat16()
+        comp = torch.empty(b, sq + 32, D, device="cuda").bfloat16()
+        topk = torch.zeros(b, sq, 512, dtype=torch.int32, device="cuda")
+        return dsv4_attn.launch_plan("dsv4_attention", q, kv, compressed_kv=comp,
+                                     compress_ratio=4, topk_indices=topk)
+    assert plan(4096, 8).endswith(" narrow=16") and "tile=1x8 " in plan(4096, 8)
+    assert plan(4096, 16).endswith(" narrow=16")
+    assert "tile=2x32 " in plan(4096, 32) and "narrow" not in plan(4096, 32)
+    assert "narrow" not in plan(1, 16, b=4)
+    monkeypatch.setenv("DSV4_MQA512_NARROW", "0")
+    assert "tile=8x8 " in plan(4096, 8) and "narrow" not in plan(4096, 8)
+    check(1, 300, 1200, 8, 128, 4, 300, True, topk_k=512, seed=stable_seed("narrow off"))
+    monkeypatch.setenv("DSV4_MQA512_NARROW", "yes")
+    with pytest.raises(RuntimeError, match="DSV4_MQA512_NARROW"):
+        plan(64, 8)
+
+
 def test_dsv4_sm90_fp16_and_views():
     check(2, 40, 200, 64, 128, 4, 50, True, dtype=torch.float16, seed=3)
     check(1, 33, 180, 128, 16, 128, 1, True, q_view=True, seed=4)
 
 
 def test_dsv4_sm90_uncovered_calls_take_reference_path():
-    q = torch.randn(1, 4, 1, D, device="cuda").bfloat16()  # CSA needs 2 or more heads
+    # CSA at one head: the narrow form where no split-KV is planned (short keys here); a decode
+    # step over long lists plans split-KV, and 64-token work tiles do not fit the producer.
+    q = torch.randn(1, 4, 1, D, device="cuda").bfloat16()
     kv = torch.randn(1, 40, D, device="cuda").bfloat16()
     comp = torch.randn(1, 10, D, device="cuda").bfloat16()
     topk = torch.zeros(1, 4, 8, dtype=torch.int32, device="cuda")
-    assert dsv4_attn.dsv4_attention_path(q, kv, compressed_kv=comp, compress_ratio=4,
-                                         topk_indices=topk) == "reference"
+    kw = dict(compressed_kv=comp, compress_ratio=4, topk_indices=topk)
+    assert dsv4_attn.launch_plan("dsv4_attention", q, kv, **kw).endswith(" narrow=16")
+    q = torch.randn(4, 1, 1, D, device="cuda").bfloat16()
+    kv = torch.randn(4, 2100, D, device="cuda").bfloat16()
+    comp = torch.randn(4, 525, D, device="cuda").bfloat16()
+    topk = torch.zeros(4, 1, 512, dtype=torch.int32, device="cuda")
+    kw = dict(compressed_kv=comp, compress_ratio=4, topk_indices=topk)
+    assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "reference"
+    assert "one query head" in dsv4_attn.launch_plan("dsv4_attention", q, kv, **kw)
     q = torch.randn(1, 4, 3, D, device="cuda").bfloat16()  # 3 heads do not pack into 64 rows
     assert dsv4_attn.dsv4_attention_path(q, kv) == "reference"
 

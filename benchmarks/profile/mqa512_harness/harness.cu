@@ -10,6 +10,7 @@
 #include <vector>
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include "sm90/shared/trace.cuh"
 #ifndef KERNEL_HEADER
 #define KERNEL_HEADER "sm90/mqa512/kernel.cuh"
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
   const Mqa512Shape shape = shape_of(row);
   Overrides overrides;
   overrides.split_kv = 1;
+  if (const char* v = getenv("DSV4_MQA512_NARROW")) overrides.mqa512_narrow = atoi(v);
   overrides.mqa512_per_tile_grid = !persistent;
   int num_sms = 0;
   CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
@@ -88,17 +90,27 @@ int main(int argc, char** argv) {
   if (row.topk_k > 0) p.topk = topk;
   CUtensorMap tq = tmap(q, B, S, H, p.tile_tokens, p.tile_heads), tkv = tmap(kv, B, Sk, 1, 64, 1);
   CUtensorMap tc = ratio > 0 ? tmap(comp, B, Sc, 1, 64, 1) : tkv;
-  // The plan's instantiation: CSA rows gather (kGathered), the others take TMA boxes.
-  auto kernel = plan.keys == Mqa512Keys::kGathered
-                    ? mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kGathered>
-                    : mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kTma>;
-  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
+  // The plan's instantiation: CSA rows gather (kGathered), the others take TMA boxes; CSA at 16
+  // or fewer heads the narrow form (DSV4_MQA512_NARROW=0 in the environment: not).
   const int grid = static_cast<int>(plan.grid);
+  std::function<void()> launch;
+  if (plan.narrow_heads > 0) {
+    using N = Mqa512NarrowTraits<__nv_bfloat16>;
+    auto kernel = mqa512_narrow_sm90_kernel<__nv_bfloat16>;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)N::kSmemBytes));
+    launch = [&, kernel] { kernel<<<grid, N::kThreads, N::kSmemBytes>>>(tq, tkv, tc, p); };
+  } else {
+    auto kernel = plan.keys == Mqa512Keys::kGathered
+                      ? mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kGathered>
+                      : mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kTma>;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
+    launch = [&, kernel] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p); };
+  }
+  printf("plan: tile=%dx%d narrow=%d grid=%d\n", plan.tile_tokens, plan.tile_heads, plan.narrow_heads, grid);
 #ifdef DSV4_TRACE
-  trace_launch(traced_cta(grid), [&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p); });
+  trace_launch(traced_cta(grid), launch);
 #else
-  const std::vector<float> ms =
-      time_launches([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tkv, tc, p); }, reps);
+  const std::vector<float> ms = time_launches(launch, reps);
   double pairs = 0;  // visible (query, key) pairs
   for (long t = 0; t < S; ++t) {
     const long pos = t + Sk - S, hi = causal ? std::min<long>(pos + 1, Sk) : Sk;

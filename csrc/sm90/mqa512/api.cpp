@@ -17,11 +17,7 @@ const char* tensors_unsupported(const Mqa512Problem& pr) {
       (pr.compressed.defined() && !tma_compatible(pr.compressed))) {
     return "strides TMA cannot describe";
   }
-  // CSA: a producer lane holds each token's closed rows (at most 32 tokens per work tile), and
-  // a list is found from a 32-bit row index.
-  if (s.topk_k > 0 && kMqa512Rows / std::min<int64_t>(s.heads_q / s.heads_kv, kMqa512Rows) > 32) {
-    return "top-k rows with one query head per KV head";
-  }
+  // CSA: a list is found from a 32-bit row index.
   if (s.topk_k > 0 && (s.varlen ? 1 : s.batch) * s.seqlen_q >= (int64_t{1} << 31)) {
     return "2^31 or more top-k lists";
   }
@@ -68,6 +64,10 @@ Route<Mqa512Plan> route_mqa512(const Mqa512Problem& pr, const DeviceFacts& devic
   }
   const Mqa512Plan plan = mqa512_plan_launch(s, device.num_sms, overrides);
   if (plan.tiles >= kMqa512MaxWork) return R::reference("2^26 or more work tiles");
+  // CSA: a producer lane holds each token's closed rows (at most 32 tokens per work tile).
+  if (s.topk_k > 0 && plan.tile_tokens > 32) {
+    return R::reference("top-k rows with one query head per KV head, outside the narrow form");
+  }
   return R::kernel(plan);
 }
 
@@ -77,7 +77,8 @@ std::string describe(const Mqa512Plan& plan) {
          " grid=" + (plan.persistent ? "persistent:" : "per_tile:") + std::to_string(plan.grid) +
          " keys=" + (plan.keys == Mqa512Keys::kPaged      ? "paged"
                      : plan.keys == Mqa512Keys::kGathered ? "gathered"
-                                                          : "tma");
+                                                          : "tma") +
+         (plan.narrow_heads > 0 ? " narrow=" + std::to_string(plan.narrow_heads) : "");
 }
 
 #ifndef DSV4_WITH_CUDA

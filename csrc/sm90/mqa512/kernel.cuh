@@ -25,6 +25,7 @@
 #include "ptx/sync.cuh"
 #include "sm90/mqa512/consumer.cuh"
 #include "sm90/mqa512/epilogue.cuh"
+#include "sm90/mqa512/narrow_consumer.cuh"
 #include "sm90/mqa512/params.h"
 #include "sm90/mqa512/producer.cuh"
 #include "sm90/mqa512/traits.h"
@@ -86,6 +87,66 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     if (n > 0) consumer.run_keys(progress, n);
     progress.finish_keys(n);
     mqa512_epilogue(consumer, progress, n);
+    progress.next_slot();
+  }
+}
+
+// The narrow form (traits.h: Mqa512NarrowTraits): CSA work tiles of one token's heads, no
+// split-KV. The producers share the seesaw kernel's per-tile body; the key tiles go round a
+// ring of three stages (Mqa512Ring).
+template <typename Element>
+__global__ void __launch_bounds__(Mqa512NarrowTraits<Element>::kThreads, 1)
+    mqa512_narrow_sm90_kernel(const __grid_constant__ CUtensorMap tmap_q,
+                              const __grid_constant__ CUtensorMap tmap_kv,
+                              const __grid_constant__ CUtensorMap tmap_c,
+                              const Mqa512Sm90Params p) {
+  using T = Mqa512NarrowTraits<Element>;
+  auto& s = *reinterpret_cast<typename T::SharedStorage*>(smem_raw + smem_align_offset());
+  static_assert(sizeof(Mqa512TileInfo) <= sizeof(s.tile_ring[0]), "tile_ring too small");
+  const int num_work = p.num_work;
+  // Q's rows past the group's heads are never loaded: zero once, for the wgmmas to read.
+  for (int i = threadIdx.x; i < int(sizeof(s.q) / 16); i += T::kThreads) {
+    reinterpret_cast<uint4*>(&s.q[0][0][0])[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  ptx::fence_proxy_async_smem();
+  if (threadIdx.x == 0) mqa512_narrow_init_barriers<T>(s, mqa512_sinks_with_q(p));
+  __syncthreads();
+
+  if (threadIdx.x / 128 == 0) {
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    const Mqa512Producer<Element, T> producer{s, p};
+    producer.prefetch_descriptors(tmap_q, tmap_kv, tmap_c);
+    Mqa512Ring ring;
+    for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;
+         progress.next_work(ptx::grid_ctas())) {
+      const int list_tiles = mqa512_planned_list_tiles(p, progress.work());
+      const Mqa512WorkTile w = mqa512_decode_tile(p, progress.work());
+      const Mqa512KeySegments seg = mqa512_key_segments(p, w, T::kBlockN, false, list_tiles);
+      const SplitRange range{0, seg.num_kv + seg.num_c};  // no split-KV
+      const int n = range.end;
+      producer.publish_tile(progress, w, seg, range, n);
+      __syncwarp();
+      progress.next_slot();
+      if (n == 0) continue;
+      producer.load_q(tmap_q, progress, w);
+      __syncwarp();
+      producer.load_ring_tiles(tmap_kv, tmap_c, ring, w, seg, range, n);
+      ring.finish_keys(n);
+      progress.finish_keys(n);
+    }
+    return;
+  }
+
+  ptx::setmaxnreg_inc<T::kConsumerRegs>();
+  Mqa512NarrowConsumer<Element> consumer{s, p, static_cast<int>(threadIdx.x / 128) - 1};
+  Mqa512Ring ring;
+  for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;
+       progress.next_work(ptx::grid_ctas())) {
+    const int n = consumer.take_tile(progress);
+    if (n > 0) consumer.run_keys(progress, ring, n);
+    ring.finish_keys(n);
+    progress.finish_keys(n);
+    consumer.merge_heads(progress, n);
     progress.next_slot();
   }
 }

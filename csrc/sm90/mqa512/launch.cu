@@ -65,7 +65,6 @@ void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at
     p.o_partial = split_workspace.data_ptr<float>();
     p.lse_partial = p.o_partial + p.num_splits * rows * T::kHeadDim;
   }
-  allow_dynamic_smem<kernel>(pr.q.get_device(), T::kSmemBytes);
   const CUtensorMap tq = make_tensor_map_bshd(op, pr.q, "q", p.tile_tokens, p.tile_heads);
   // A paged call has no kv tensor: the q map stands in for the kv maps, never read.
   const CUtensorMap tkv = pr.num_paged > 0 ? tq : make_tensor_map_bshd(op, pr.kv, "kv", T::kBlockN);
@@ -81,6 +80,20 @@ void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at
         p, list_tiles.data_ptr<int>(), T::kBlockN);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  if constexpr (kKeys == Mqa512Keys::kGathered) {
+    if (plan.narrow_heads > 0) {
+      using N = Mqa512NarrowTraits<Element>;
+      static_assert(N::kBlockM == kMqa512NarrowHeads && N::kBlockN == kMqa512KeysPerTile,
+                    "plan.h's numbers");
+      constexpr auto narrow = mqa512_narrow_sm90_kernel<Element>;
+      allow_dynamic_smem<narrow>(pr.q.get_device(), N::kSmemBytes);
+      narrow<<<static_cast<unsigned>(plan.grid), N::kThreads, N::kSmemBytes, stream>>>(tq, tkv, tc,
+                                                                                          p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;  // no split-KV
+    }
+  }
+  allow_dynamic_smem<kernel>(pr.q.get_device(), T::kSmemBytes);
   kernel<<<static_cast<unsigned>(plan.grid), T::kThreads, T::kSmemBytes, stream>>>(tq, tkv, tc, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_splits > 1) {

@@ -18,6 +18,9 @@ namespace dsv4 {
 constexpr int kMqa512Rows = 64;          // packed query rows per work tile (the traits' kBlockM)
 constexpr int kMqa512KeysPerTile = 64;   // the traits' kBlockN
 constexpr int64_t kMqa512MaxWork = int64_t(1) << 26;  // Mqa512Progress: 27 bits of work index
+// The narrow form (traits.h: Mqa512NarrowTraits) takes CSA at this many query heads per KV head
+// or fewer, where its one-token work tiles need no split-KV.
+constexpr int kMqa512NarrowHeads = 16;
 
 // A call as the kernel sees it. Varlen calls are one batch of packed rows: seqlen_q and
 // seqlen_k are then total_q and total_k, and batch the number of sequences.
@@ -48,6 +51,7 @@ struct Mqa512Plan {
   bool persistent = true;    // one CTA per SM walks the work tiles; else one CTA per work tile
   int64_t grid = 0;          // CTAs
   Mqa512Keys keys = Mqa512Keys::kTma;  // the kernel's instantiation (params.h)
+  int narrow_heads = 0;      // kMqa512NarrowHeads: the narrow form (one token's heads a tile)
 };
 
 // Why the kernel cannot take a call of this shape, or nullptr (the packing, the work-tile
@@ -92,6 +96,29 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
     // CSA: each of a work tile's tokens walks its own list.
     max_key_tiles += (rows + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile *
                      (s.topk_k > 0 ? plan.tile_tokens : 1);
+  }
+  // The narrow form: one token a tile, no split-KV (taken where none would be planned, or
+  // wherever DSV4_MQA512_NARROW=1 allows it).
+  const bool narrow_fits = s.topk_k > 0 && s.paged_tiles == 0 && group <= kMqa512NarrowHeads;
+  if (narrow_fits && o.mqa512_narrow != 0) {
+    const int64_t m_blocks = s.varlen ? varlen_tile_capacity(s.seqlen_q, s.batch, 1) : s.seqlen_q;
+    const int64_t tiles = m_blocks * s.heads_kv * (s.varlen ? 1 : s.batch);
+    const int64_t key_tiles =
+        (s.use_kv ? split_kv_max_key_tiles(s.longest_k, s.window_left, 1, kMqa512KeysPerTile) : 0) +
+        (s.topk_k + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile;
+    if (o.mqa512_narrow == 1 || split_kv_splits(tiles, key_tiles, num_sms, o.split_kv) == 1) {
+      plan.tile_heads = static_cast<int>(group);
+      plan.tile_tokens = 1;
+      plan.head_blocks = 1;
+      plan.num_m_blocks = m_blocks;
+      plan.tiles = tiles;
+      plan.num_splits = 1;
+      plan.persistent = true;
+      plan.grid = std::min<int64_t>(tiles, num_sms);
+      plan.keys = Mqa512Keys::kGathered;
+      plan.narrow_heads = kMqa512NarrowHeads;
+      return plan;
+    }
   }
   const int splits = split_kv_splits(plan.tiles, max_key_tiles, num_sms, o.split_kv);
   // A forced count stays within the work-tile bound.

@@ -18,12 +18,32 @@
 
 namespace dsv4 {
 
+// Where one key tile goes: its stage, the barrier set whose kv_full its 64-column blocks
+// complete, the set whose kv_empty halves it waits for first with that parity, and the half it
+// loads first.
+struct Mqa512KeySlot {
+  int stage, full_set, empty_set;
+  uint32_t empty_parity;
+  int first_half;
+};
+
+// Per work tile: the row where each segment's boxes would start for r = 0 (tile
+// it = range.begin + r is the kv tile at key seg.kv_key0 + 64 it, or compressed tile
+// it - num_kv), tiles r < kv_tiles being kv rows; for CSA the rows' base, token 0's list, and in
+// lane j token j's closed rows (a CSA work tile has at most 32 tokens).
+template <typename Element>
+struct Mqa512KeyRows {
+  int kv_row0, c_row0, kv_tiles, list_row0, closed_lane;
+  const Element* rows;
+};
+
 // Warps 2s and 2s + 1 fill stage s, each its alternate 64-column blocks (warp 0 also loads Q):
 // each stage is refilled as soon as its own consumers release it, never behind the other
-// stage's wait, and two warps issue its boxes.
-template <typename Element>
+// stage's wait, and two warps issue its boxes. The narrow form (Traits = Mqa512NarrowTraits)
+// shares the per-tile body: there warps 2c and 2c + 1 fill the ring's tiles of consumer c.
+template <typename Element, typename Traits = Mqa512Sm90Traits<Element>>
 struct Mqa512Producer {
-  using T = Mqa512Sm90Traits<Element>;
+  using T = Traits;
   static constexpr int kBlockN = T::kBlockN, kHalf = T::kHalfBlocks;
   // Paged: where a 64-column block stages its fp8 bytes (its upper half: 64 rows x 64 bytes),
   // and how many of a stage's tiles ahead the L2 prefetches run (3: 132 CTAs x 6 tiles x 37 KB
@@ -33,6 +53,7 @@ struct Mqa512Producer {
 
   typename T::SharedStorage& s;
   const Mqa512Sm90Params& p;
+  // stage: the seesaw kernel's stage this warp fills; the narrow form's consumer whose tiles.
   const int stage = threadIdx.x / 64, sub = (threadIdx.x / 32) % 2;
   const int lane = threadIdx.x % 32;
 
@@ -77,7 +98,11 @@ struct Mqa512Producer {
       ptx::mbarrier_wait(ptx::smem_addr(&s.q_empty), progress.q() ^ 1);
       DSV4_TRACE_STAMP(2, kTraceQEmptyWait, lane == 0);
       if (threadIdx.x == 0) {
-        ptx::mbarrier_arrive_expect_tx(q_full, T::kQBytes);
+        // The seesaw kernel's tiles are always 64 rows; the narrow form's the group's heads.
+        constexpr bool kNarrow = T::kBlockM != 64;
+        ptx::mbarrier_arrive_expect_tx(
+            q_full, kNarrow ? uint32_t(p.tile_heads) * (T::kHeadDim * sizeof(Element))
+                            : uint32_t(T::kBlockM * T::kHeadDim * sizeof(Element)));
         for (int cb = 0; cb < T::kColBlocks; ++cb) {  // box (64 dims, tile_tokens, tile_heads)
           ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
                            w.q_start + w.tok0, w.head0, w.batch);
@@ -86,84 +111,121 @@ struct Mqa512Producer {
       }
       if (sinks_with_q) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int row = lane + 32 * i;
-          ptx::cp_async_4_zfill(ptx::smem_addr(&s.sink[progress.q()][row]),
-                                p.sinks + w.head0 + row / p.tile_tokens, true);
+        for (int i = 0; i < (T::kBlockM + 31) / 32; ++i) {
+          const int row = lane + 32 * i;  // the narrow form's padded heads take 0
+          if (row < T::kBlockM) {
+            ptx::cp_async_4_zfill(ptx::smem_addr(&s.sink[progress.q()][row]),
+                                  p.sinks + w.head0 + row / p.tile_tokens,
+                                  T::kBlockM == 64 || row < p.tile_heads);
+          }
         }
         ptx::cp_async_mbarrier_arrive_noinc(q_full);
       }
     }
   }
 
+  __device__ __forceinline__ Mqa512KeyRows<Element> key_rows(const Mqa512WorkTile& w,
+                                                            const Mqa512KeySegments& seg,
+                                                            const SplitRange& range) const {
+    Mqa512KeyRows<Element> k;
+    k.kv_row0 = w.k_start + seg.kv_key0 + range.begin * kBlockN;
+    k.c_row0 = w.c_start + (range.begin - seg.num_kv) * kBlockN;
+    k.kv_tiles = seg.num_kv - range.begin;
+    k.rows = static_cast<const Element*>(p.compressed) + w.batch * p.c_batch_stride +
+             w.c_start * p.c_row_stride;
+    k.list_row0 = w.batch * p.seqlen_q + w.q_start + w.tok0;
+    k.closed_lane = p.topk != nullptr ? mqa512_closed_rows(p, w, seg.kv.pos_lo + lane) : 0;
+    return k;
+  }
+
   // This warp's key tiles of the work tile: the tiles r = stage, stage + 2, ... of the split's n
-  // (kv rows first, then compressed rows), each half of head_dim once its readers released it.
+  // (kv rows first, then compressed rows).
   __device__ __forceinline__ void load_key_tiles(const CUtensorMap& tmap_kv,
                                                  const CUtensorMap& tmap_c,
                                                  const Mqa512Progress& progress,
                                                  const Mqa512WorkTile& w,
                                                  const Mqa512KeySegments& seg,
                                                  const SplitRange& range, int n) const {
-    // Per work tile: the row where each segment's boxes would start for r = 0 (tile
-    // it = range.begin + r is the kv tile at key seg.kv_key0 + 64 it, or compressed tile
-    // it - num_kv); for CSA the rows' base, token 0's list, and in lane j token j's closed rows
-    // (a CSA work tile has at most 32 tokens).
-    const int kv_row0 = w.k_start + seg.kv_key0 + range.begin * kBlockN;
-    const int c_row0 = w.c_start + (range.begin - seg.num_kv) * kBlockN;
-    const int kv_tiles = seg.num_kv - range.begin;  // tiles r < kv_tiles are kv rows
-    const Element* rows = static_cast<const Element*>(p.compressed) +
-                          w.batch * p.c_batch_stride + w.c_start * p.c_row_stride;
-    const int list_row0 = w.batch * p.seqlen_q + w.q_start + w.tok0;
-    const int closed_lane = p.topk != nullptr ? mqa512_closed_rows(p, w, seg.kv.pos_lo + lane) : 0;
+    const Mqa512KeyRows<Element> k = key_rows(w, seg, range);
 #pragma unroll 1
     for (int r = stage; r < n; r += 2) {  // this stage's tiles
-      const uint32_t phase = progress.stage(stage, r >> 1);
-      const bool compressed = r >= kv_tiles;
-      const bool gathered = compressed && p.topk != nullptr;
-      // Lane l reads the list entries of slots l and l + 32 now, before the stage is free (the
-      // gather broadcasts them), and the warp's ballots give the tile's visible slots.
-      int listed_lo = -1, listed_hi = -1, token = 0;
-      if (gathered) {
-        // Compressed tile r - kv_tiles is a tile of token `token`'s list.
-        const int c_tile = r - kv_tiles;
-        token = p.tile_tokens == 1 ? 0 : c_tile / seg.c_per_token;  // 64+ heads: one token
-        const int slot0 = (c_tile - token * seg.c_per_token) * kBlockN + lane;
-        const int* listed = p.topk + static_cast<int64_t>(list_row0 + token) * p.topk_k;
-        const int closed = __shfl_sync(0xffffffff, closed_lane, token);
-        listed_lo = mqa512_listed_row(listed, p.topk_k, closed, slot0);
-        listed_hi = mqa512_listed_row(listed, p.topk_k, closed, slot0 + 32);
-      }
-      const uint32_t valid_lo = __ballot_sync(0xffffffff, listed_lo >= 0);
-      const uint32_t valid_hi = __ballot_sync(0xffffffff, listed_hi >= 0);
       // Stage w's consumer multiplies its own half of head_dim first: load that half first.
+      const Mqa512KeySlot slot{stage, stage, stage, progress.stage(stage, r >> 1) ^ 1, stage};
+      load_key_tile(tmap_kv, tmap_c, w, seg, k, r, slot);
+    }
+  }
+
+  // The narrow form's: the ring's tiles of this pair's consumer, half 0 first (its consumer
+  // reads the column blocks in order).
+  __device__ __forceinline__ void load_ring_tiles(const CUtensorMap& tmap_kv,
+                                                  const CUtensorMap& tmap_c,
+                                                  const Mqa512Ring& ring,
+                                                  const Mqa512WorkTile& w,
+                                                  const Mqa512KeySegments& seg,
+                                                  const SplitRange& range, int n) const {
+    const Mqa512KeyRows<Element> k = key_rows(w, seg, range);
 #pragma unroll 1
-      for (int k = 0; k < 2; ++k) {
-        const int half = stage ^ k;
-        ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage][half]), phase ^ 1);
-        DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvEmptyWait + stage * 2 + half, lane == 0);
-        if (gathered) {
-          // The slots' validity and token for the consumer's mask (written once the half its
-          // reader releases last is free, published by this warp's kv_full arrivals).
-          if (k == 0 && sub == 0 && lane == 0) {
-            *reinterpret_cast<uint4*>(&s.csa_slots[stage][0]) =
-                make_uint4(valid_lo, valid_hi, uint32_t(token), 0u);
-          }
-          gather_blocks(rows, half, listed_lo, listed_hi);
-        } else if (lane == 0) {
-          for (int cb = kHalf * half + sub; cb < kHalf * (half + 1); cb += 2) {
-            const uint32_t dst = ptx::smem_addr(&s.kv[stage][cb][0][0]), full = kv_full(stage, cb);
-            ptx::mbarrier_arrive_expect_tx(full, T::kBlockBytes);
-            DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, true);
-            if (compressed) {
-              ptx::tma_load_4d(dst, &tmap_c, full, cb * 64, c_row0 + r * kBlockN, 0, w.batch);
-            } else {
-              ptx::tma_load_4d(dst, &tmap_kv, full, cb * 64, kv_row0 + r * kBlockN, w.kv_head,
-                               w.batch);
-            }
+    for (int r = ring.first_of(stage); r < n; r += 2) {
+      const int g = ring.tile(r);
+      const Mqa512KeySlot slot{Mqa512Ring::stage(g), Mqa512Ring::set(g),
+                               Mqa512Ring::previous_set(g), Mqa512Ring::previous_release_parity(g),
+                               0};
+      load_key_tile(tmap_kv, tmap_c, w, seg, k, r, slot);
+    }
+  }
+
+  // Key tile r of the split into `slot`, each half of head_dim once its readers released it.
+  __device__ __forceinline__ void load_key_tile(const CUtensorMap& tmap_kv,
+                                                const CUtensorMap& tmap_c,
+                                                const Mqa512WorkTile& w,
+                                                const Mqa512KeySegments& seg,
+                                                const Mqa512KeyRows<Element>& k, int r,
+                                                const Mqa512KeySlot& slot) const {
+    const bool compressed = r >= k.kv_tiles;
+    const bool gathered = compressed && p.topk != nullptr;
+    // Lane l reads the list entries of slots l and l + 32 now, before the stage is free (the
+    // gather broadcasts them), and the warp's ballots give the tile's visible slots.
+    int listed_lo = -1, listed_hi = -1, token = 0;
+    if (gathered) {
+      // Compressed tile r - kv_tiles is a tile of token `token`'s list.
+      const int c_tile = r - k.kv_tiles;
+      token = p.tile_tokens == 1 ? 0 : c_tile / seg.c_per_token;  // 64+ heads: one token
+      const int slot0 = (c_tile - token * seg.c_per_token) * kBlockN + lane;
+      const int* listed = p.topk + static_cast<int64_t>(k.list_row0 + token) * p.topk_k;
+      const int closed = __shfl_sync(0xffffffff, k.closed_lane, token);
+      listed_lo = mqa512_listed_row(listed, p.topk_k, closed, slot0);
+      listed_hi = mqa512_listed_row(listed, p.topk_k, closed, slot0 + 32);
+    }
+    const uint32_t valid_lo = __ballot_sync(0xffffffff, listed_lo >= 0);
+    const uint32_t valid_hi = __ballot_sync(0xffffffff, listed_hi >= 0);
+#pragma unroll 1
+    for (int j = 0; j < 2; ++j) {
+      const int half = slot.first_half ^ j;
+      ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[slot.empty_set][half]), slot.empty_parity);
+      DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvEmptyWait + slot.stage * 2 + half, lane == 0);
+      if (gathered) {
+        // The slots' validity and token for the consumer's mask (written once the half its
+        // reader releases last is free, published by this warp's kv_full arrivals).
+        if (j == 0 && sub == 0 && lane == 0) {
+          *reinterpret_cast<uint4*>(&s.csa_slots[slot.stage][0]) =
+              make_uint4(valid_lo, valid_hi, uint32_t(token), 0u);
+        }
+        gather_blocks(k.rows, slot, half, listed_lo, listed_hi);
+      } else if (lane == 0) {
+        for (int cb = kHalf * half + sub; cb < kHalf * (half + 1); cb += 2) {
+          const uint32_t dst = ptx::smem_addr(&s.kv[slot.stage][cb][0][0]);
+          const uint32_t full = ptx::smem_addr(&s.kv_full[slot.full_set][cb]);
+          ptx::mbarrier_arrive_expect_tx(full, T::kBlockBytes);
+          DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + slot.stage * 2 + half, true);
+          if (compressed) {
+            ptx::tma_load_4d(dst, &tmap_c, full, cb * 64, k.c_row0 + r * kBlockN, 0, w.batch);
+          } else {
+            ptx::tma_load_4d(dst, &tmap_kv, full, cb * 64, k.kv_row0 + r * kBlockN, w.kv_head,
+                             w.batch);
           }
         }
-        __syncwarp();  // converged before the next wait (see the Q load)
       }
+      __syncwarp();  // converged before the next wait (see the Q load)
     }
   }
 
@@ -432,13 +494,13 @@ struct Mqa512Producer {
     }
   }
 
-  // CSA: this warp's two 64-column blocks of half `half` of its stage, gathered from the listed
-  // rows (lane l holds the rows of slots l and l + 32; -1: not visible, zero-filled). Lane
-  // 8q + part copies 16-byte part `part` of rows q + 4i, the 16 steps unrolled.
-  __device__ __forceinline__ void gather_blocks(const Element* rows, int half, int listed_lo,
-                                                int listed_hi) const {
+  // CSA: this warp's two 64-column blocks of half `half` of the slot's stage, gathered from the
+  // listed rows (lane l holds the rows of slots l and l + 32; -1: not visible, zero-filled).
+  // Lane 8q + part copies 16-byte part `part` of rows q + 4i, the 16 steps unrolled.
+  __device__ __forceinline__ void gather_blocks(const Element* rows, const Mqa512KeySlot& slot,
+                                                int half, int listed_lo, int listed_hi) const {
     const int cb = kHalf * half + sub, part = lane % 8, row_sub = lane / 8;
-    const uint32_t tile = ptx::smem_addr(&s.kv[stage][cb][0][0]) + row_sub * 128;
+    const uint32_t tile = ptx::smem_addr(&s.kv[slot.stage][cb][0][0]) + row_sub * 128;
     // Row q + 4 i sits at swizzle phase q + 4 (i % 2): chunk part ^ q, then ^ 4 for odd i.
     const uint32_t dst0 = tile + ((part ^ row_sub) << 4);
     const char* src_base = reinterpret_cast<const char*>(rows + cb * 64 + part * 8);
@@ -458,12 +520,13 @@ struct Mqa512Producer {
     // go out at once: every lane holds both blocks' phases open until its own copies have
     // landed, then lane 0 gives the one arrival each barrier counts. (The consumers fence the
     // proxies before their wgmmas read the tile.)
-    ptx::cp_async_mbarrier_arrive(kv_full(stage, cb));
-    ptx::cp_async_mbarrier_arrive(kv_full(stage, cb + 2));
+    const uint32_t full = ptx::smem_addr(&s.kv_full[slot.full_set][cb]);
+    ptx::cp_async_mbarrier_arrive(full);
+    ptx::cp_async_mbarrier_arrive(full + 16);  // block cb + 2
     __syncwarp();  // every lane's copies are tracked before lane 0 arrives
     if (lane == 0) {
-      ptx::mbarrier_arrive(kv_full(stage, cb));
-      ptx::mbarrier_arrive(kv_full(stage, cb + 2));
+      ptx::mbarrier_arrive(full);
+      ptx::mbarrier_arrive(full + 16);
     }
   }
 };

@@ -131,6 +131,87 @@ struct Mqa512Sm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
 };
 
+// The narrow form (narrow_consumer.cuh, mqa512_narrow_sm90_kernel): CSA at 16 or fewer query
+// heads per KV head, where a 64-row work tile of several tokens would multiply every token's
+// listed rows by the other tokens' rows too. A work tile is one token's heads, padded to 16, and
+// the products are turned around, S^T = K Q^T and O^T += V^T P^T, so the heads are wgmma's N
+// and no row of an MMA belongs to another token.
+//   warpgroup 0     producers, as in the seesaw kernel (the same per-tile body): warps 2c and
+//                   2c + 1 fill the key tiles g (the CTA's running tile count) with g % 2 == c.
+//   warpgroups 1-2  consumer c takes the tiles g % 2 == c, each whole: S^T over all 512 dims,
+//                   its own softmax, O^T over all 512 dims. At the end of the work tile the two
+//                   merge their partial results (stats, then four rounds of 64-dim blocks
+//                   each way), and consumer c stores dims 256c to 256c + 255.
+// Shared memory: Q [8][16 heads][64] (heads past the group stay zero), three key stages in a
+// ring (tile g in stage g % 3), each consumer's P^T [16][64] (wgmma's B operand), and the merge.
+// Barriers: tile g uses set g % 6, one per (stage, consumer), so a set's fills and releases
+// alternate between one producer pair and one consumer (with one set per stage, a pair two
+// fills ahead read the other consumer's parity as passed).
+//   kv_full[set][cb]  as the seesaw kernel's, one arrival per 64-column block
+//   kv_empty[set][h]  128 arrivals: the tile's consumer after its P V of half h; the producer of
+//                     tile g + 3 (the same stage) waits on tile g's set
+//   stats_ready       256 arrivals, both consumers wrote their heads' max and sums (once per
+//                     work tile; the stats buffer alternates with the work tile's parity)
+//   merge_ready, merge_free: 256 arrivals per round, four rounds per work tile
+//   q_full, q_empty, tile_full, tile_empty: as the seesaw kernel's
+template <typename Element>
+struct Mqa512NarrowTraits {
+  static constexpr int kHeadDim = 512;
+  static constexpr int kBlockM = 16;  // query heads per work tile, padded: wgmma's N
+  static constexpr int kBlockN = 64;
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static constexpr int kHalfBlocks = kColBlocks / 2;
+  static constexpr int kStages = 3, kSets = 6;
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr uint32_t kBlockBytes = kBlockN * 64 * sizeof(Element);
+  static constexpr int kTileInfoInts = 24;
+  static constexpr int kTileCopyLanes = kTileInfoInts / 4;
+  static constexpr uint32_t kProducerRegs = 72, kConsumerRegs = 216;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * 168,
+                "register budget: the CTA's launch allocation");
+
+  struct alignas(1024) SharedStorage {
+    Element q[kColBlocks][kBlockM][64];
+    Element kv[kStages][kColBlocks][kBlockN][64];
+    Element p[2][kBlockM][kBlockN];  // [consumer]: P^T, [head][key], 128-byte swizzled
+    float merge[2][64][kBlockM];     // [sender]: one 64-dim block of O^T, [dim][head]
+    float head_max[2][4][kBlockM];   // [consumer][warp][head]: the tile's max per warp
+    float stats[2][2][5][kBlockM];   // [work-tile parity][consumer]: max, then each warp's sums
+    alignas(16) int tile_ring[2][kTileInfoInts];
+    alignas(16) int tile_info[8][kTileInfoInts];
+    float sink[2][kBlockM];          // [Q fill parity]
+    alignas(16) uint32_t csa_slots[kStages][4];
+    uint64_t q_full, q_empty;
+    uint64_t kv_full[kSets][kColBlocks];
+    uint64_t kv_empty[kSets][2];
+    uint64_t stats_ready, merge_ready, merge_free;
+    uint64_t tile_full[2], tile_empty[2];
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
+};
+
+template <typename Traits, typename Storage>
+__device__ __forceinline__ void mqa512_narrow_init_barriers(Storage& s, bool sinks_with_q) {
+  ptx::mbarrier_init(ptx::smem_addr(&s.q_full), sinks_with_q ? 1 + 32 : 1);
+  ptx::mbarrier_init(ptx::smem_addr(&s.q_empty), Traits::kConsumerThreads);
+  for (int set = 0; set < Traits::kSets; ++set) {
+    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+      ptx::mbarrier_init(ptx::smem_addr(&s.kv_full[set][cb]), 1);
+    }
+    for (int half = 0; half < 2; ++half) ptx::mbarrier_init(ptx::smem_addr(&s.kv_empty[set][half]), 128);
+  }
+  ptx::mbarrier_init(ptx::smem_addr(&s.stats_ready), 256);
+  ptx::mbarrier_init(ptx::smem_addr(&s.merge_ready), 256);
+  ptx::mbarrier_init(ptx::smem_addr(&s.merge_free), 256);
+  for (uint32_t slot = 0; slot < 2; ++slot) {
+    ptx::mbarrier_init(ptx::smem_addr(&s.tile_full[slot]), 1);
+    ptx::mbarrier_init(ptx::smem_addr(&s.tile_empty[slot]), 8 * Traits::kTileCopyLanes);
+  }
+  ptx::fence_barrier_init();
+}
+
 // One-way handoffs between the two consumer warpgroups (mbarriers: s.handoff[h]).
 enum Mqa512Handoff : int {
   kMax0Ready = 0,  // consumer 0 wrote its row max for this pair of key tiles
@@ -143,6 +224,10 @@ enum Mqa512Handoff : int {
 // Named barriers (0 is __syncthreads).
 enum Mqa512Barrier : uint32_t {
   kPOwn0Ready = 1,  // consumer 0 only (128 threads): all of it stored p_own0
+  // The narrow form, consumer c's 128 threads: 2 + c its warps' head maxima written, 4 + c its
+  // P^T stored.
+  kNarrowMaxReady = 2,
+  kNarrowPReady = 4,
 };
 
 // The arrival counts of every barrier above (thread 0, before the CTA's first __syncthreads).

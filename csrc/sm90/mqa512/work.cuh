@@ -175,4 +175,26 @@ struct Mqa512Progress {
   __device__ __forceinline__ void next_work(int stride) { bits += uint32_t(stride) << 5; }
 };
 
+// The narrow form's key-tile ring (traits.h): the CTA's key tiles g = base + r (r: a work
+// tile's tiles) go to stage g % 3 and barrier set g % 6, and belong to consumer and producer
+// pair g % 2. Only g mod 12 matters: it gives the set and the parity of the set's fill.
+struct Mqa512Ring {
+  int base = 0;  // the tiles of the CTA's earlier work tiles, mod 12
+  __device__ __forceinline__ int tile(int r) const { return (base + r) % 12; }
+  __device__ __forceinline__ int owner(int r) const { return (base + r) & 1; }
+  __device__ __forceinline__ static int stage(int g) { return g % 3; }
+  __device__ __forceinline__ static int set(int g) { return g % 6; }
+  __device__ __forceinline__ static uint32_t full_parity(int g) { return uint32_t(g / 6); }
+  // The set of tile g - 3 (the stage's previous tile) and the parity of its release, which the
+  // producer of tile g waits for: 1 for the CTA's first three tiles, a parity that a fresh
+  // barrier reads as passed.
+  __device__ __forceinline__ static int previous_set(int g) { return (g + 3) % 6; }
+  __device__ __forceinline__ static uint32_t previous_release_parity(int g) {
+    return uint32_t(((g + 9) % 12) / 6);
+  }
+  // The first of a work tile's tiles that consumer or producer pair c takes.
+  __device__ __forceinline__ int first_of(int c) const { return (c - base) & 1; }
+  __device__ __forceinline__ void finish_keys(int n) { base = (base + n) % 12; }
+};
+
 }  // namespace dsv4

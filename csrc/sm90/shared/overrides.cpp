@@ -54,6 +54,9 @@ Overrides read_overrides() {
     o.mqa512_per_tile_grid =
         parse_choice("DSV4_MQA512_GRID", v, {"persistent", "per_tile"}, "persistent or per_tile") == 1;
   }
+  if (const char* v = std::getenv("DSV4_MQA512_NARROW")) {
+    o.mqa512_narrow = parse_choice("DSV4_MQA512_NARROW", v, {"0", "1"}, "0 or 1");
+  }
   if (const char* v = std::getenv("DSV4_CHUNK_SEGMENTS")) {
     o.chunk_segments = parse_int("DSV4_CHUNK_SEGMENTS", v, 1);
   }
