@@ -68,10 +68,15 @@ def cases():
         t(1, s, 128, 512), kv, compressed_kv=comp128, compress_ratio=128)
     yield "HCA, 16 heads (tensor parallel)", dsv4(
         t(1, s, 16, 512), kv, compressed_kv=comp128, compress_ratio=128)
-    yield "CSA, 16 heads (tensor parallel)", dsv4(
+    yield "CSA, 16 heads (tensor parallel): the narrow form", dsv4(
         t(1, s, 16, 512), kv, compressed_kv=comp4, compress_ratio=4, topk_indices=topk)
-    yield "CSA, one head", dsv4(
+    yield "CSA, 32 heads (tensor parallel)", dsv4(
+        t(1, s, 32, 512), kv, compressed_kv=comp4, compress_ratio=4, topk_indices=topk)
+    yield "CSA, one head, S = 8192", dsv4(
         t(1, s, 1, 512), kv, compressed_kv=comp4, compress_ratio=4, topk_indices=topk)
+    yield "CSA, one head, decode: B = 4, one token, 32k context", dsv4(
+        t(4, 1, 1, 512), t(4, 32768, 512), compressed_kv=t(4, 8192, 512), compress_ratio=4,
+        topk_indices=torch.empty(4, 1, 512, dtype=torch.int32))
     yield "decode: B = 64, one token, 32k context, HCA, 64 heads", dsv4(
         t(64, 1, 64, 512), t(64, 32768, 512), compressed_kv=t(64, 256, 512), compress_ratio=128)
     yield "fp32", dsv4(t(1, 256, 64, 512, dtype=f32), t(1, 256, 512, dtype=f32))
