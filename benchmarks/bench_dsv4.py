@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import math
 import os
+import statistics
 import sys
 
 import torch
@@ -139,32 +140,39 @@ def check_flashmla(flashmla, device, dtype):
     return err(ours[0]), err(peer)
 
 
+ROUNDS_VS_FLASHMLA = 3  # interleaved timing rounds per layer; each time is their median
+
+
 def rows_vs_flashmla(flashmla, kind, topk, context, hq, ceil, device, dtype, sq=8192):
     """One issue-44 row: dsv4_attention and FlashMLA (heads padded to 64) on the same layer.
     CSA at 16 or fewer heads gives two rows, the planned narrow form's and the 64-row tiles'
-    (DSV4_MQA512_NARROW=0), timed in the same run."""
+    (DSV4_MQA512_NARROW=0). Each time is the median of ROUNDS_VS_FLASHMLA rounds that take
+    every form and the peer in turn, so that a drift of the clocks during the run falls on all
+    of them alike."""
     q, kv, kw, t, closed = layer_inputs(kind, sq, context, hq, topk, device, dtype)
     forms = [("", None)]
     if kind == "CSA" and hq <= 16:
         forms = [(" (narrow)", "1"), (" (64-row tiles)", "0")]
-    return [row_vs_flashmla(flashmla, kind, topk, context, hq, ceil, q, kv, kw, t, closed, sq,
-                            label, narrow) for label, narrow in forms]
-
-
-def row_vs_flashmla(flashmla, kind, topk, context, hq, ceil, q, kv, kw, t, closed, sq, label,
-                    narrow):
-    with common.env_override("DSV4_MQA512_NARROW", narrow) if narrow else contextlib.nullcontext():
-        plan = dsv4_attn.launch_plan("dsv4_attention", q, kv, **kw)
-        assert narrow is None or plan.endswith(" narrow=16") == (narrow == "1"), plan
-        path = dsv4_attn.dsv4_attention_path(q, kv, **kw) + label
-        ours = common.bench_ms(lambda: dsv4_attn.dsv4_attention(q, kv, **kw), warmup=2, rep=10,
-                               budget_ms=None)
     heads = max(hq, 64)
-    peer = None
+    peer_call = None
     if flashmla is not None:
         args = flashmla_inputs(kind, q, kv, kw, t, closed, heads)
-        peer = common.bench_ms(lambda: flashmla(args[0], args[1], args[2], SCALE, D, args[3],
-                                                args[4], None), warmup=2, rep=10, budget_ms=None)
+        peer_call = lambda: flashmla(args[0], args[1], args[2], SCALE, D, args[3],  # noqa: E731
+                                     args[4], None)
+    paths, ours, peer = [], [[] for _ in forms], []
+    for i, (label, narrow) in enumerate(forms):
+        with _narrow_form(narrow):
+            plan = dsv4_attn.launch_plan("dsv4_attention", q, kv, **kw)
+            assert narrow is None or plan.endswith(" narrow=16") == (narrow == "1"), plan
+            paths.append(dsv4_attn.dsv4_attention_path(q, kv, **kw) + label)
+    for _ in range(ROUNDS_VS_FLASHMLA):
+        for i, (label, narrow) in enumerate(forms):
+            with _narrow_form(narrow):
+                ours[i].append(common.bench_ms(lambda: dsv4_attn.dsv4_attention(q, kv, **kw),
+                                               warmup=2, rep=10, budget_ms=None))
+        if peer_call is not None:
+            peer.append(common.bench_ms(peer_call, warmup=2, rep=10, budget_ms=None))
+    peer_ms = statistics.median(peer) if peer else None
     pairs = float(torch.clamp(t + 1, max=WINDOW).sum())
     if kind == "CSA":
         pairs += float((kw["topk_indices"][0] >= 0).sum())
@@ -173,11 +181,21 @@ def row_vs_flashmla(flashmla, kind, topk, context, hq, ceil, q, kv, kw, t, close
     useful = 2.0 * hq * pairs * 2 * D  # QK^T and PV
     what = {"CSA": f"CSA top-{topk}", "HCA": "HCA", "sliding": "sliding only"}[kind]
     where = "fresh prompt" if context == sq else f"8k chunk at {context // 1024}k context"
-    return [f"{what}, {where}", str(hq), path, f"{ours:.3f}",
-            f"{peer:.3f}" + (f" (padded to {heads})" if heads != hq else "") if peer else "n/a",
-            f"{peer / ours:.2f}x" if peer else "n/a",
-            f"{useful / ours / 1e9 / ceil['gemm'] * 100:.0f}%",
-            f"{useful / peer / 1e9 / ceil['gemm'] * 100:.0f}%" if peer else "n/a"]
+    rows = []
+    for path, times in zip(paths, ours):
+        ms = statistics.median(times)
+        rows.append([f"{what}, {where}", str(hq), path, f"{ms:.3f}",
+                     f"{peer_ms:.3f}" + (f" (padded to {heads})" if heads != hq else "")
+                     if peer_ms else "n/a",
+                     f"{peer_ms / ms:.2f}x" if peer_ms else "n/a",
+                     f"{useful / ms / 1e9 / ceil['gemm'] * 100:.0f}%",
+                     f"{useful / peer_ms / 1e9 / ceil['gemm'] * 100:.0f}%" if peer_ms else "n/a"])
+    return rows
+
+
+def _narrow_form(narrow):
+    """DSV4_MQA512_NARROW=narrow for the block, or nothing when None."""
+    return common.env_override("DSV4_MQA512_NARROW", narrow) if narrow else contextlib.nullcontext()
 
 
 def fp8_pages(rows, page, device):

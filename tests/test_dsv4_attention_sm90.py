@@ -283,13 +283,12 @@ def test_dsv4_sm90_uncovered_calls_take_reference_path():
     topk = torch.zeros(1, 4, 8, dtype=torch.int32, device="cuda")
     kw = dict(compressed_kv=comp, compress_ratio=4, topk_indices=topk)
     assert dsv4_attn.launch_plan("dsv4_attention", q, kv, **kw).endswith(" narrow=16")
-    q = torch.randn(4, 1, 1, D, device="cuda").bfloat16()
-    kv = torch.randn(4, 2100, D, device="cuda").bfloat16()
-    comp = torch.randn(4, 525, D, device="cuda").bfloat16()
-    topk = torch.zeros(4, 1, 512, dtype=torch.int32, device="cuda")
-    kw = dict(compressed_kv=comp, compress_ratio=4, topk_indices=topk)
-    assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "reference"
-    assert "one query head" in dsv4_attn.launch_plan("dsv4_attention", q, kv, **kw)
+    q4 = torch.randn(4, 1, 1, D, device="cuda").bfloat16()
+    kv4 = torch.randn(4, 2100, D, device="cuda").bfloat16()
+    kw = dict(compressed_kv=torch.randn(4, 525, D, device="cuda").bfloat16(), compress_ratio=4,
+              topk_indices=torch.zeros(4, 1, 512, dtype=torch.int32, device="cuda"))
+    assert dsv4_attn.dsv4_attention_path(q4, kv4, **kw) == "reference"
+    assert "one query head" in dsv4_attn.launch_plan("dsv4_attention", q4, kv4, **kw)
     q = torch.randn(1, 4, 3, D, device="cuda").bfloat16()  # 3 heads do not pack into 64 rows
     assert dsv4_attn.dsv4_attention_path(q, kv) == "reference"
 
