@@ -181,7 +181,6 @@ struct Mqa512Progress {
 struct Mqa512Ring {
   int base = 0;  // the tiles of the CTA's earlier work tiles, mod 12
   __device__ __forceinline__ int tile(int r) const { return (base + r) % 12; }
-  __device__ __forceinline__ int owner(int r) const { return (base + r) & 1; }
   __device__ __forceinline__ static int stage(int g) { return g % 3; }
   __device__ __forceinline__ static int set(int g) { return g % 6; }
   __device__ __forceinline__ static uint32_t full_parity(int g) { return uint32_t(g / 6); }
