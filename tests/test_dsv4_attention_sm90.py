@@ -247,18 +247,21 @@ def test_dsv4_sm90_csa_narrow_matches_oracle(monkeypatch, b, sq, skv, h, window,
 
 
 def test_dsv4_sm90_csa_narrow_planned_and_pinned_off(monkeypatch):
-    """The narrow form is planned for a prefill of 8 and 16 heads, not for 32 (64-row tiles of
-    2 tokens) nor for a decode step (split-KV); DSV4_MQA512_NARROW=0 packs 64-row tiles, and
-    the 64-row form still matches the oracle; a bad value is an error naming the variable."""
-    def plan(sq, h, b=1):
+    """The narrow form is planned for a prefill of 8 and 16 heads with lists of 448 or more
+    (shorter ones keep the 64-row tiles), not for 32 heads (64-row tiles of 2 tokens) nor for a
+    decode step (split-KV); DSV4_MQA512_NARROW=0 packs 64-row tiles, and the 64-row form still
+    matches the oracle; a bad value is an error naming the variable."""
+    def plan(sq, h, b=1, k=512):
         q = torch.empty(b, sq, h, D, device="cuda").bfloat16()
         kv = torch.empty(b, 4 * sq + 128, D, device="cuda").bfloat16()
         comp = torch.empty(b, sq + 32, D, device="cuda").bfloat16()
-        topk = torch.zeros(b, sq, 512, dtype=torch.int32, device="cuda")
+        topk = torch.zeros(b, sq, k, dtype=torch.int32, device="cuda")
         return dsv4_attn.launch_plan("dsv4_attention", q, kv, compressed_kv=comp,
                                      compress_ratio=4, topk_indices=topk)
     assert plan(4096, 8).endswith(" narrow=16") and "tile=1x8 " in plan(4096, 8)
-    assert plan(4096, 16).endswith(" narrow=16")
+    assert plan(4096, 16).endswith(" narrow=16") and plan(4096, 16, k=448).endswith(" narrow=16")
+    assert "tile=4x16 " in plan(4096, 16, k=447) and "narrow" not in plan(4096, 16, k=447)
+    assert plan(4096, 1, k=64).endswith(" narrow=16")
     assert "tile=2x32 " in plan(4096, 32) and "narrow" not in plan(4096, 32)
     assert "narrow" not in plan(1, 16, b=4)
     monkeypatch.setenv("DSV4_MQA512_NARROW", "0")
@@ -275,8 +278,9 @@ def test_dsv4_sm90_fp16_and_views():
 
 
 def test_dsv4_sm90_uncovered_calls_take_reference_path():
-    # CSA at one head: the narrow form where no split-KV is planned (short keys here); a decode
-    # step over long lists plans split-KV, and 64-token work tiles do not fit the producer.
+    # CSA at one head: the narrow form where no split-KV is planned (short keys here, and short
+    # lists: the 64-row tiles cannot take one head); a decode step over long lists plans
+    # split-KV, and 64-token work tiles do not fit the producer.
     q = torch.randn(1, 4, 1, D, device="cuda").bfloat16()
     kv = torch.randn(1, 40, D, device="cuda").bfloat16()
     comp = torch.randn(1, 10, D, device="cuda").bfloat16()
