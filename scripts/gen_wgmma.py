@@ -16,7 +16,7 @@ import sys
 SHAPES_N = (64, 128, 256)  # PV: N = head_dim; QK^T: N = keys per tile
 SS_EXTRA_N = (80, 176)      # QK^T only
 SS_MN_MAJOR_B_N = (256,)    # head_dim 512 PV with P from shared memory: B read MN-major
-SS_NARROW_N = (16,)         # head_dim 512's narrow form: S^T = K Q^T, and O^T += V^T P^T (A MN-major)
+SS_NARROW_N = (16,)         # head_dim 512's narrow form: S^T = K Q^T, O^T += V^T P^T (A MN-major)
 RS_K_MAJOR_B_N = (8, 16, 32, 64)  # chunk kernels, the indexer's FP8 head sum: B K-major
 TYPES = (("bf16", "__nv_bfloat16"), ("f16", "__half"))
 FP8_SS_N = (64, 128)        # the indexer's FP8 scores: m64nNk32 e4m3, both operands K-major

@@ -126,7 +126,9 @@ struct Mqa512NarrowConsumer {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) sacc[4 * j + 2 * i + c] = visible[i] ? sacc[4 * j + 2 * i + c] : neg_inf;
+        for (int c = 0; c < 2; ++c) {
+          sacc[4 * j + 2 * i + c] = visible[i] ? sacc[4 * j + 2 * i + c] : neg_inf;
+        }
       }
     }
   }
@@ -334,8 +336,8 @@ struct Mqa512NarrowConsumer {
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const float2 other =
-              *reinterpret_cast<const float2*>(&s.merge[1 - kWg][frag_row + 8 * i][8 * j + col_lane]);
+          const float2 other = *reinterpret_cast<const float2*>(
+              &s.merge[1 - kWg][frag_row + 8 * i][8 * j + col_lane]);
           fin[4 * j + 2 * i] =
               __fadd_rn(__fmul_rn(own[4 * j + 2 * i], scale_own[2 * j]), other.x) * inv[2 * j];
           fin[4 * j + 2 * i + 1] =

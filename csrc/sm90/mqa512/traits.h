@@ -200,7 +200,9 @@ __device__ __forceinline__ void mqa512_narrow_init_barriers(Storage& s, bool sin
     for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
       ptx::mbarrier_init(ptx::smem_addr(&s.kv_full[set][cb]), 1);
     }
-    for (int half = 0; half < 2; ++half) ptx::mbarrier_init(ptx::smem_addr(&s.kv_empty[set][half]), 128);
+    for (int half = 0; half < 2; ++half) {
+      ptx::mbarrier_init(ptx::smem_addr(&s.kv_empty[set][half]), 128);
+    }
   }
   ptx::mbarrier_init(ptx::smem_addr(&s.stats_ready), 256);
   ptx::mbarrier_init(ptx::smem_addr(&s.merge_ready), 256);
