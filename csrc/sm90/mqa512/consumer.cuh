@@ -74,14 +74,7 @@ struct Mqa512Consumer {
   // lane releases the ring slot itself. Then O and the softmax state start over. Returns the
   // split's key tiles.
   __device__ __forceinline__ int take_tile(const Mqa512Progress& progress) {
-    ptx::mbarrier_wait(ptx::smem_addr(&s.tile_full[progress.slot()]), progress.slot_phase());
-    __syncwarp();  // the last work tile's readers of the copy are done
-    if (lane < T::kTileCopyLanes) {
-      reinterpret_cast<int4*>(&s.tile_info[wg * 4 + warp][0])[lane] =
-          reinterpret_cast<const int4*>(&s.tile_ring[progress.slot()][0])[lane];
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.tile_empty[progress.slot()]));
-    }
-    __syncwarp();
+    mqa512_copy_tile_info<T::kTileCopyLanes>(s, progress, wg * 4 + warp, lane);
     DSV4_TRACE_STAMP(wg, kTraceTileStart, tid == 0);
     const int n = info.n;
 #pragma unroll

@@ -55,14 +55,7 @@ struct Mqa512NarrowConsumer {
   // As the seesaw consumer's: this warp's copy of the published work tile; then O^T and the
   // softmax state start over. Returns the work tile's key tiles.
   __device__ __forceinline__ int take_tile(const Mqa512Progress& progress) {
-    ptx::mbarrier_wait(ptx::smem_addr(&s.tile_full[progress.slot()]), progress.slot_phase());
-    __syncwarp();
-    if (lane < T::kTileCopyLanes) {
-      reinterpret_cast<int4*>(&s.tile_info[wg * 4 + warp][0])[lane] =
-          reinterpret_cast<const int4*>(&s.tile_ring[progress.slot()][0])[lane];
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.tile_empty[progress.slot()]));
-    }
-    __syncwarp();
+    mqa512_copy_tile_info<T::kTileCopyLanes>(s, progress, wg * 4 + warp, lane);
 #pragma unroll
     for (int cb = 0; cb < kCols; ++cb) {
 #pragma unroll

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "ptx/mbarrier.cuh"
 #include "sm90/mqa512/params.h"
 #include "sm90/shared/key_range.cuh"
 
@@ -174,6 +175,23 @@ struct Mqa512Progress {
   }
   __device__ __forceinline__ void next_work(int stride) { bits += uint32_t(stride) << 5; }
 };
+
+// A consumer warp's copy of the work tile the producer published in the tile ring into its own
+// tile_info[copy], 16 bytes per lane; each copying lane releases the ring slot itself.
+// Storage: either kernel's shared storage.
+template <int kCopyLanes, typename Storage>
+__device__ __forceinline__ void mqa512_copy_tile_info(Storage& s, const Mqa512Progress& progress,
+                                                      int copy, int lane) {
+  const uint32_t slot = progress.slot();
+  ptx::mbarrier_wait(ptx::smem_addr(&s.tile_full[slot]), progress.slot_phase());
+  __syncwarp();  // the last work tile's readers of the copy are done
+  if (lane < kCopyLanes) {
+    reinterpret_cast<int4*>(&s.tile_info[copy][0])[lane] =
+        reinterpret_cast<const int4*>(&s.tile_ring[slot][0])[lane];
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.tile_empty[slot]));
+  }
+  __syncwarp();
+}
 
 // The narrow form's key-tile ring (traits.h): the CTA's key tiles g = base + r (r: a work
 // tile's tiles) go to stage g % 3 and barrier set g % 6, and belong to consumer and producer
