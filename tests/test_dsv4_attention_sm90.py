@@ -228,6 +228,9 @@ NARROW_CASES = [
     (1, 150, 600, 16, 128, 150, 1024, torch.bfloat16, "sparse"),
     (1, 140, 400, 4, 0, 100, 64, torch.bfloat16, "random"),   # no window keys: one tile each
     (1, 400, 2000, 8, 128, 500, 1024, torch.float16, "padded"),
+    # ~15 work tiles a CTA: the key ring and the two handoff barriers wrap several times
+    (1, 2048, 8192, 8, 128, 2048, 512, torch.bfloat16, "random"),
+    (2, 1024, 4096, 16, 128, 1024, 512, torch.float16, "padded"),
 ]
 
 
@@ -247,7 +250,7 @@ def test_dsv4_sm90_csa_narrow_matches_oracle(monkeypatch, b, sq, skv, h, window,
 
 
 def test_dsv4_sm90_csa_narrow_planned_and_pinned_off(monkeypatch):
-    """The narrow form is planned for a prefill of 8 and 16 heads with lists of 448 or more
+    """The narrow form is planned for a prefill of 8 and 16 heads with lists of 288 or more
     (shorter ones keep the 64-row tiles), not for 32 heads (64-row tiles of 2 tokens) nor for a
     decode step (split-KV); DSV4_MQA512_NARROW=0 packs 64-row tiles, and the 64-row form still
     matches the oracle; a bad value is an error naming the variable."""
@@ -259,8 +262,8 @@ def test_dsv4_sm90_csa_narrow_planned_and_pinned_off(monkeypatch):
         return dsv4_attn.launch_plan("dsv4_attention", q, kv, compressed_kv=comp,
                                      compress_ratio=4, topk_indices=topk)
     assert plan(4096, 8).endswith(" narrow=16") and "tile=1x8 " in plan(4096, 8)
-    assert plan(4096, 16).endswith(" narrow=16") and plan(4096, 16, k=448).endswith(" narrow=16")
-    assert "tile=4x16 " in plan(4096, 16, k=447) and "narrow" not in plan(4096, 16, k=447)
+    assert plan(4096, 16).endswith(" narrow=16") and plan(4096, 16, k=288).endswith(" narrow=16")
+    assert "tile=4x16 " in plan(4096, 16, k=287) and "narrow" not in plan(4096, 16, k=287)
     assert plan(4096, 1, k=64).endswith(" narrow=16")
     assert "tile=2x32 " in plan(4096, 32) and "narrow" not in plan(4096, 32)
     assert "narrow" not in plan(1, 16, b=4)

@@ -3,6 +3,7 @@ events (A = consumer 0, B = consumer 1) and the producers' empty-barrier waits a
     python3 analyze.py trace.txt          # one pair's timeline
     python3 analyze.py trace.txt tiles    # per work tile (the persistent grid)
     python3 analyze.py trace.txt paged [until]  # bin/paged_trace: every event in time order
+    python3 analyze.py trace.txt narrow   # the narrow form: where each work tile's cycles go
 bin/trace prints `E slot point cycles` lines (harness.cu, csrc/sm90/shared/trace.cuh). The
 mqa512 family's slots: 0 and 1 the consumer warpgroups (A, B), 2-5 the producer warps 0-3.
 Its points: consumer 1, 2, 10-17, 20-23, 30-38, 40, 41 (`names` below and the tiles mode),
@@ -41,6 +42,48 @@ if len(sys.argv) > 2 and sys.argv[2] == 'paged':
         return f"{'AB'[slot]} " + str(names.get(i, {1: 'tile start', 2: 'Q landed', 41: 'stored'}.get(i, i)))
     rows = sorted((t, what(slot, i)) for slot in ev for i, t in ev[slot] if t <= until)
     for t, w in rows: print(f"{t:8d} {w}")
+    sys.exit(0)
+if len(sys.argv) > 2 and sys.argv[2] == 'narrow':
+    # Each consumer's work tiles (points 60-67, traits.h: kTraceNarrow*), split into: waiting
+    # for a key tile's first block, busy on key tiles (first block to P V done), the tail after
+    # its last P V until the end of the work tile (65), and from there to its next work tile;
+    # for the merging consumer also the wait for the other's partial (66) and the merge and
+    # stores (67). Medians over steady tiles, per role.
+    for slot in (CONSUMER_A, CONSUMER_B):
+        tiles, cur = [], None
+        for i, t in ev[slot]:
+            if i == 60:
+                cur = [(i, t)]; tiles.append(cur)
+            elif cur is not None:
+                cur.append((i, t))
+        parts = collections.defaultdict(lambda: collections.defaultdict(list))
+        for a, b in zip(tiles[2:-2], tiles[3:-1]):
+            start, nxt = a[0][1], b[0][1]
+            wait = busy = 0; last = start; keys = 0
+            for i, t in a:
+                if i == 61: wait += t - last; first = t; keys += 1
+                if i == 64: busy += t - first; last = t
+            m = dict((i, t) for i, t in a if i >= 65)
+            role = 'merging' if 67 in m else 'handing'
+            q = parts[role]
+            q['key tiles'].append(keys); q['wait block'].append(wait); q['busy'].append(busy)
+            q['tail'].append(m[65] - last)
+            if 66 in m: q['partial wait'].append(m[66] - m[65])
+            if 67 in m: q['merge+store'].append(m[67] - m.get(66, m[65]))
+            q['end to next take'].append(nxt - max(m.values()))
+            q['total'].append(nxt - start)
+        med = lambda v: sorted(v)[len(v) // 2] if v else 0
+        for role, q in parts.items():
+            print(f"consumer {'AB'[slot]} {role} ({len(q['total'])} tiles); medians: " +
+                  ", ".join(f"{k} {med(v)}" for k, v in q.items()))
+    k = len([1 for i, _ in ev[CONSUMER_A] if i == 60]) // 2
+    starts = [t for i, t in ev[CONSUMER_A] if i == 60]
+    base, end = starts[k], starts[k + 1] if k + 1 < len(starts) else 1 << 62
+    nm = {60: 'take', 61: 'block0 landed', 62: 'S done', 63: 'P ready', 64: 'PV done', 65: 'end',
+          66: 'partial in', 67: 'stored'}
+    rows = sorted((t - base, 'AB'[slot], nm.get(i, i)) for slot in (0, 1) for i, t in ev[slot]
+                  if base - 2000 <= t < end)
+    for t, w, n in rows: print(f"{t:7d} {w} {n}")
     sys.exit(0)
 if len(sys.argv) > 2 and sys.argv[2] == 'tiles':
     # Per work tile of the traced CTA (consumer 0's events 1 = tile start, 2 = Q landed, 23 = a Q K^T

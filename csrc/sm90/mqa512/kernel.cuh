@@ -144,9 +144,9 @@ __global__ void __launch_bounds__(Mqa512NarrowTraits<Element>::kThreads, 1)
        progress.next_work(ptx::grid_ctas())) {
     const int n = consumer.take_tile(progress);
     if (n > 0) consumer.run_keys(progress, ring, n);
+    consumer.finish_tile(progress, ring, n);
     ring.finish_keys(n);
     progress.finish_keys(n);
-    consumer.merge_heads(progress, n);
     progress.next_slot();
   }
 }

@@ -1,7 +1,8 @@
 // The narrow form's consumer warpgroups (Mqa512NarrowTraits in traits.h has the protocol).
 // Consumer c takes the ring's key tiles g % 2 == c of a work tile (one token's heads), each
 // whole: S^T = K Q^T over 512 dims, its own online softmax per head, O^T += V^T P^T over 512
-// dims. At the end the two merge (merge_heads) and each stores its half of the dims.
+// dims. At the end the one that took the last tile merges the other's partial result into its
+// own and stores the token (finish_tile).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "sm90/mqa512/traits.h"
 #include "sm90/mqa512/work.cuh"
 #include "sm90/shared/online_softmax.cuh"
+#include "sm90/shared/trace.cuh"
 
 namespace dsv4 {
 
@@ -38,6 +40,8 @@ struct Mqa512NarrowConsumer {
   float sacc[8];      // S^T, then P^T, of the current key tile
   float m_run[4];     // per head: the reference max (log2 domain, lazily raised)
   float l_run[4];     // per head: this thread's partial sum over its keys
+  int handoffs = 0;         // partial results handed over so far (both consumers count them)
+  int own_sums_parity = 0;  // which own_sums buffer this consumer's next merge writes
 
   __device__ __forceinline__ Mqa512NarrowConsumer(typename T::SharedStorage& storage,
                                                   const Mqa512Sm90Params& params, int warpgroup)
@@ -66,6 +70,7 @@ struct Mqa512NarrowConsumer {
       m_run[k] = __int_as_float(0xff800000);
       l_run[k] = 0.f;
     }
+    DSV4_TRACE_STAMP(wg, kTraceNarrowTake, tid == 0);
     return info.n;
   }
 
@@ -78,6 +83,7 @@ struct Mqa512NarrowConsumer {
 #pragma unroll
     for (int cb = 0; cb < kCols; ++cb) {
       ptx::mbarrier_wait(ptx::smem_addr(&s.kv_full[set][cb]), parity);
+      if (cb == 0) DSV4_TRACE_STAMP(wg, kTraceNarrowFirstBlock, tid == 0);
       // A gathered tile's cp.async writes complete on the barrier with no thread after them.
       ptx::fence_proxy_async_smem();
       ptx::wgmma_fence();  // after a spin-wait, or ptxas serializes every wgmma (C7520)
@@ -92,6 +98,7 @@ struct Mqa512NarrowConsumer {
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < 8; ++e) ptx::fence_operand(sacc[e]);
+    DSV4_TRACE_STAMP(wg, kTraceNarrowQkDone, tid == 0);
   }
 
   // Masks this thread's keys of tile r (stage st) that the token cannot see: a listed tile's
@@ -181,11 +188,14 @@ struct Mqa512NarrowConsumer {
     }
     ptx::fence_proxy_async_smem();  // the wgmma reads them
     ptx::named_barrier_sync(kNarrowPReady + wg, 128);
+    DSV4_TRACE_STAMP(wg, kTraceNarrowPReady, tid == 0);
   }
 
   // O^T += V^T P^T, V^T the tile read MN-major (dims contiguous); each half of the dims is one
-  // group, released (kv_empty[set][half]) as soon as it has landed.
-  __device__ __forceinline__ void pv(int st, int set) {
+  // group, released (kv_empty[set][half]) as soon as it has landed. keep_second_half: the
+  // second half is left to the merging consumer (finish_tile), which reads this consumer's
+  // partial O^T there.
+  __device__ __forceinline__ void pv(int st, int set, bool keep_second_half) {
     const uint64_t v_desc =
         ptx::smem_desc_sw128(ptx::smem_addr(&s.kv[st][0][0][0]), kBlockN * 128, 1024);
     const uint64_t p_desc = ptx::smem_desc_sw128(ptx::smem_addr(&s.p[wg][0][0]), 0, 1024);
@@ -216,7 +226,21 @@ struct Mqa512NarrowConsumer {
 #pragma unroll
       for (int e = 0; e < 8; ++e) ptx::fence_operand(o[cb][e]);
     }
-    ptx::mbarrier_arrive(ptx::smem_addr(&s.kv_empty[set][1]));
+    if (!keep_second_half) ptx::mbarrier_arrive(ptx::smem_addr(&s.kv_empty[set][1]));
+    DSV4_TRACE_STAMP(wg, kTraceNarrowPvDone, tid == 0);
+  }
+
+  // The consumer that merges a work tile of n key tiles: the one that takes its last tile (the
+  // other finishes first), consumer 0 when there are none.
+  __device__ __forceinline__ static int merger(const Mqa512Ring& ring, int n) {
+    return n == 0 ? 0 : ring.tile(n - 1) & 1;
+  }
+
+  // The second half of the stage of the other consumer's last tile (n >= 2): its partial O^T,
+  // 16 float4 a thread, thread tid's i-th at [i][tid] (both consumers' fragments are alike).
+  __device__ __forceinline__ float4* partial_of(const Mqa512Ring& ring, int n) const {
+    const int stage = Mqa512Ring::stage(ring.tile(n - 2));
+    return reinterpret_cast<float4*>(&s.kv[stage][T::kHalfBlocks][0][0]);
   }
 
   // This consumer's tiles of a work tile of n > 0 key tiles.
@@ -228,6 +252,7 @@ struct Mqa512NarrowConsumer {
       return;
     }
     ptx::mbarrier_wait(ptx::smem_addr(&s.q_full), progress.q());
+    const bool merges = merger(ring, n) == wg;
 #pragma unroll 1
     for (int r = first; r < n; r += 2) {
       const int g = ring.tile(r), st = Mqa512Ring::stage(g), set = Mqa512Ring::set(g);
@@ -235,55 +260,91 @@ struct Mqa512NarrowConsumer {
       if (r + 2 >= n) ptx::mbarrier_arrive(ptx::smem_addr(&s.q_empty));  // its last read of Q
       mask_tile(r, st);
       softmax_to_p();
-      pv(st, set);
+      pv(st, set, !merges && r + 2 >= n);
     }
   }
 
-  // The end of a work tile of n key tiles: both consumers' heads merged, normalized (with the
-  // sink), and stored; consumer c stores dims 256c to 256c + 255, consumer 0 the lse. Every
-  // combination rounds each product and then the sum, so the result does not depend on which
-  // consumer took which tiles.
-  __device__ __forceinline__ void merge_heads(const Mqa512Progress& progress, int n) {
+  // The end of a work tile of n key tiles, before the ring moves past it. The consumer that
+  // does not merge hands its max, sums and partial O^T over (n >= 2) and goes on to the next
+  // work tile; the merging one adds them to its own, normalizes (with the sink) and stores the
+  // token's rows and lse. The two never wait for each other here, so they stay out of step,
+  // as their key tiles want. Each combination rounds both products and then their sum, so the
+  // result does not depend on which consumer took which tiles.
+  __device__ __forceinline__ void finish_tile(const Mqa512Progress& progress,
+                                              const Mqa512Ring& ring, int n) {
     constexpr float kLog2e = 1.4426950408889634f;
-    float(&stats)[2][5][kHeads] = s.stats[progress.slot()];
+    DSV4_TRACE_STAMP(wg, kTraceNarrowEnd, tid == 0);
+    // Per head, this thread's partial sum over the warp's keys, then the warp's.
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      float l = l_run[k];
-      l += __shfl_xor_sync(0xffffffff, l, 4);
-      l += __shfl_xor_sync(0xffffffff, l, 8);
-      l += __shfl_xor_sync(0xffffffff, l, 16);
-      if (lane < 4) {
-        const int h = head_of(k, col_lane);
-        stats[wg][1 + warp][h] = l;
-        if (warp == 0) stats[wg][0][h] = m_run[k];
-      }
+      l_run[k] += __shfl_xor_sync(0xffffffff, l_run[k], 4);
+      l_run[k] += __shfl_xor_sync(0xffffffff, l_run[k], 8);
+      l_run[k] += __shfl_xor_sync(0xffffffff, l_run[k], 16);
     }
-    ptx::mbarrier_arrive(ptx::smem_addr(&s.stats_ready));
-    ptx::mbarrier_wait(ptx::smem_addr(&s.stats_ready), progress.slot());
+    const bool merges = merger(ring, n) == wg;
+    const int handoff = handoffs & 1;
+    if (!merges) {
+      if (n < 2) return;  // no keys taken
+      float(&stats)[5][kHeads] = s.partner_stats[handoff];
+      if (lane < 4) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int h = head_of(k, col_lane);
+          stats[1 + warp][h] = l_run[k];
+          if (warp == 0) stats[0][h] = m_run[k];
+        }
+      }
+      float4* partial = partial_of(ring, n);
+#pragma unroll
+      for (int cb = 0; cb < kCols; ++cb) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          partial[(2 * cb + q) * 128 + tid] =
+              make_float4(o[cb][4 * q], o[cb][4 * q + 1], o[cb][4 * q + 2], o[cb][4 * q + 3]);
+        }
+      }
+      ptx::mbarrier_arrive(ptx::smem_addr(&s.partial_ready[handoff]));
+      ++handoffs;
+      return;
+    }
+    // The merging consumer: its own sums over its four warps.
+    float(&own)[4][kHeads] = s.own_sums[wg][own_sums_parity];
+    if (lane < 4) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) own[warp][head_of(k, col_lane)] = l_run[k];
+    }
+    ptx::named_barrier_sync(kNarrowSumsReady + wg, 128);
+    own_sums_parity ^= 1;
+    const float(&other)[5][kHeads] = s.partner_stats[handoff];
+    if (n >= 2) {
+      ptx::mbarrier_wait(ptx::smem_addr(&s.partial_ready[handoff]), (handoffs >> 1) & 1);
+      DSV4_TRACE_STAMP(wg, kTraceNarrowPartialIn, tid == 0);
+    }
     const bool has_sink = mqa512_sinks_with_q(p);
-    float scale_own[4], inv[4], lse[4];
+    float scale_own[4], scale_other[4], inv[4], lse[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int h = head_of(k, col_lane);
+      // [0]: this consumer, [1]: the other (max -inf and sum 0 when it took no keys).
       float m_of[2], l_of[2], f[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        m_of[c] = stats[c][0][h];
-        l_of[c] = (stats[c][1][h] + stats[c][2][h]) + (stats[c][3][h] + stats[c][4][h]);
-      }
+      m_of[0] = m_run[k];
+      l_of[0] = (own[0][h] + own[1][h]) + (own[2][h] + own[3][h]);
+      m_of[1] = n >= 2 ? other[0][h] : __int_as_float(0xff800000);
+      l_of[1] = n >= 2 ? (other[1][h] + other[2][h]) + (other[3][h] + other[4][h]) : 0.f;
       const float m = fmaxf(m_of[0], m_of[1]), base = softmax_base(m);
 #pragma unroll
       for (int c = 0; c < 2; ++c) f[c] = ptx::exp2_approx(m_of[c] - base);
       const float l = __fadd_rn(__fmul_rn(l_of[0], f[0]), __fmul_rn(l_of[1], f[1]));
-      scale_own[k] = wg == 0 ? f[0] : f[1];
-      // The sink came with Q; a work tile with no keys loaded no Q.
-      const float* sink_src = n > 0 ? &s.sink[progress.q() ^ 1][h] : p.sinks + w.head0 + h;
+      scale_own[k] = f[0];
+      scale_other[k] = f[1];
+      // The sink came with this work tile's Q (its parity: before finish_keys); with no keys, no Q.
+      const float* sink_src = n > 0 ? &s.sink[progress.q()][h] : p.sinks + w.head0 + h;
       const float sink = has_sink && h < p.tile_heads ? *sink_src : 0.f;
       finish_row_sum(l, m, has_sink, sink * kLog2e, inv[k], lse[k]);
     }
     const bool valid = w.tok0 < w.shape.seqlen_q;
     const size_t out_token = static_cast<size_t>(w.batch) * p.seqlen_q + w.q_start + w.tok0;
-    if (valid && wg == 0 && frag_row == 0) {  // lanes 0-3 of warp 0 hold all 16 heads
+    if (valid && frag_row == 0) {  // lanes 0-3 of warp 0 hold all 16 heads
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int h = head_of(k, col_lane);
@@ -294,52 +355,85 @@ struct Mqa512NarrowConsumer {
       }
     }
     Element* out = static_cast<Element*>(p.out) + (out_token * p.heads_q + w.head0) * T::kHeadDim;
-    // (O^T's blocks are indexed at compile time: a runtime index puts o in local memory.)
-    if (wg == 0) {
-      merge_rounds<0>(out, scale_own, inv, valid);
-    } else {
-      merge_rounds<1>(out, scale_own, inv, valid);
+    // O^T's element e holds head k = 2 (e / 4) + e % 2.
+    if (n < 2) {  // alone: no stage half to stage the rows in
+#pragma unroll
+      for (int cb = 0; cb < kCols; ++cb) {
+        float fin[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int k = 2 * (e / 4) + e % 2;
+          fin[e] = __fadd_rn(__fmul_rn(o[cb][e], scale_own[k]), 0.f) * inv[k];
+        }
+        store_block(out, cb, fin, valid);
+      }
+      DSV4_TRACE_STAMP(wg, kTraceNarrowStored, tid == 0);
+      return;
     }
-  }
-
-  // Four rounds: consumer kWg sends block 4 (1 - kWg) + round of its O^T (times its factor)
-  // and receives block 4 kWg + round of the other's.
-  template <int kWg>
-  __device__ __forceinline__ void merge_rounds(Element* out, const float (&scale_own)[4],
-                                               const float (&inv)[4], bool valid) {
+    float4* partial = partial_of(ring, n);
 #pragma unroll
-    for (int round = 0; round < T::kHalfBlocks; ++round) {
-      ptx::mbarrier_wait(ptx::smem_addr(&s.merge_free), (round + 1) & 1);
-      const float(&send)[8] = o[T::kHalfBlocks * (1 - kWg) + round];
+    for (int cb = 0; cb < kCols; ++cb) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int q = 0; q < 2; ++q) {
+        const float4 v = partial[(2 * cb + q) * 128 + tid];
+        const float in[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          *reinterpret_cast<float2*>(&s.merge[kWg][frag_row + 8 * i][8 * j + col_lane]) =
-              make_float2(__fmul_rn(send[4 * j + 2 * i], scale_own[2 * j]),
-                          __fmul_rn(send[4 * j + 2 * i + 1], scale_own[2 * j + 1]));
+        for (int i = 0; i < 4; ++i) {
+          const int e = 4 * q + i, k = 2 * (e / 4) + e % 2;
+          o[cb][e] = __fadd_rn(__fmul_rn(o[cb][e], scale_own[k]), __fmul_rn(in[i], scale_other[k]));
         }
       }
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.merge_ready));
-      ptx::mbarrier_wait(ptx::smem_addr(&s.merge_ready), round & 1);
-      constexpr int kFirst = T::kHalfBlocks * kWg;
-      const float(&own)[8] = o[kFirst + round];
+    }
+    // The rows are staged where the partial was (every thread has read its part), then stored
+    // 16 bytes a lane: 512 contiguous bytes a warp instead of eight heads' 16 each.
+    ptx::named_barrier_sync(kNarrowSumsReady + wg, 128);
+    uint8_t* staged = reinterpret_cast<uint8_t*>(partial);
+#pragma unroll
+    for (int cb = 0; cb < kCols; ++cb) {
       float fin[8];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int e = 0; e < 8; ++e) fin[e] = o[cb][e] * inv[2 * (e / 4) + e % 2];
+      stage_block(staged, cb, fin);
+    }
+    ptx::named_barrier_sync(kNarrowSumsReady + wg, 128);
+    constexpr int kChunks = T::kHeadDim * int(sizeof(Element)) / 16;  // per head row
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float2 other = *reinterpret_cast<const float2*>(
-              &s.merge[1 - kWg][frag_row + 8 * i][8 * j + col_lane]);
-          fin[4 * j + 2 * i] =
-              __fadd_rn(__fmul_rn(own[4 * j + 2 * i], scale_own[2 * j]), other.x) * inv[2 * j];
-          fin[4 * j + 2 * i + 1] =
-              __fadd_rn(__fmul_rn(own[4 * j + 2 * i + 1], scale_own[2 * j + 1]), other.y) *
-              inv[2 * j + 1];
-        }
+    for (int k = 0; k < kHeads * kChunks / 128; ++k) {
+      const int idx = k * 128 + tid, head = idx / kChunks, chunk = idx % kChunks;
+      if (valid && head < p.tile_heads) {
+        *reinterpret_cast<uint4*>(out + head * T::kHeadDim + chunk * 8) =
+            *reinterpret_cast<const uint4*>(staged + head * kStagedRowBytes + chunk * 16);
       }
-      ptx::mbarrier_arrive(ptx::smem_addr(&s.merge_free));
-      store_block(out, kFirst + round, fin, valid);
+    }
+    // Done with the other's stage half: the producer may refill it (by TMA or cp.async).
+    ptx::fence_proxy_async_smem();
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.kv_empty[Mqa512Ring::set(ring.tile(n - 2))][1]));
+    ++handoffs;
+    DSV4_TRACE_STAMP(wg, kTraceNarrowStored, tid == 0);
+  }
+
+  // Staged rows: [head][512 dims], 16 bytes of pad a row so that a warp's eight heads of one
+  // store fall in different banks.
+  static constexpr int kStagedRowBytes = T::kHeadDim * int(sizeof(Element)) + 16;
+  static_assert(kHeads * kStagedRowBytes <= T::kHalfBlocks * kBlockN * 64 * int(sizeof(Element)),
+                "the staged rows fit in a stage half");
+
+  // Block cb of the normalized O^T into the staged rows, two adjacent dims of one head a lane
+  // (as store_block pairs them).
+  __device__ __forceinline__ void stage_block(uint8_t* staged, int cb,
+                                              const float (&fin)[8]) const {
+    const bool upper = (lane & 4) != 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float v0 = fin[4 * j + 2 * i], v1 = fin[4 * j + 2 * i + 1];
+        const float got = __shfl_xor_sync(0xffffffff, upper ? v0 : v1, 4);
+        const int head = 8 * j + col_lane + (upper ? 1 : 0);
+        const int dim = 64 * cb + frag_row + 8 * i - (upper ? 1 : 0);
+        *reinterpret_cast<uint32_t*>(staged + head * kStagedRowBytes + dim * int(sizeof(Element))) =
+            upper ? ptx::pack2<Element>(got, v1) : ptx::pack2<Element>(v0, got);
+      }
     }
   }
 

@@ -20,11 +20,11 @@ constexpr int kMqa512KeysPerTile = 64;   // the traits' kBlockN
 constexpr int64_t kMqa512MaxWork = int64_t(1) << 26;  // Mqa512Progress: 27 bits of work index
 // The narrow form (traits.h: Mqa512NarrowTraits) takes CSA at this many query heads per KV head
 // or fewer, where its one-token work tiles need no split-KV and the lists are long enough to
-// pay for its end of work tile (~8,000 cycles: the two consumers' merge). Harness, H200, S 8k
-// at 64k context, Hq 16, narrow vs 64-row tiles (ms): K 256 0.75 vs 0.67, K 512 1.05 vs 1.16,
-// K 1024 1.68 vs 2.17 (Hq 8 alike); at one head the 64-row tiles cannot take CSA at all.
+// pay for its start and end of work tile. Harness, H200, S 8k at 64k context, narrow vs 64-row
+// tiles (ms): Hq 8, K 256 0.631 vs 0.587, K 288 0.708 vs 0.705, K 320 0.700 vs 0.710; Hq 16,
+// K 256 0.638 vs 0.664, K 288 0.718 vs 0.789; at one head the 64-row tiles cannot take CSA.
 constexpr int kMqa512NarrowHeads = 16;
-constexpr int kMqa512NarrowMinTopk = 448;
+constexpr int kMqa512NarrowMinTopk = 288;
 
 // A call as the kernel sees it. Varlen calls are one batch of packed rows: seqlen_q and
 // seqlen_k are then total_q and total_k, and batch the number of sequences.

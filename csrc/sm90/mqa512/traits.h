@@ -139,20 +139,23 @@ struct Mqa512Sm90Traits {
 //   warpgroup 0     producers, as in the seesaw kernel (the same per-tile body): warps 2c and
 //                   2c + 1 fill the key tiles g (the CTA's running tile count) with g % 2 == c.
 //   warpgroups 1-2  consumer c takes the tiles g % 2 == c, each whole: S^T over all 512 dims,
-//                   its own softmax, O^T over all 512 dims. At the end of the work tile the two
-//                   merge their partial results (stats, then four rounds of 64-dim blocks
-//                   each way), and consumer c stores dims 256c to 256c + 255.
+//                   its own softmax, O^T over all 512 dims. At the end of the work tile the one
+//                   that took the last tile adds the other's partial result to its own and
+//                   stores the token; the other hands it over without waiting and goes on.
 // Shared memory: Q [8][16 heads][64] (heads past the group stay zero), three key stages in a
-// ring (tile g in stage g % 3), each consumer's P^T [16][64] (wgmma's B operand), and the merge.
+// ring (tile g in stage g % 3), each consumer's P^T [16][64] (wgmma's B operand), and the
+// handed-over max and sums. The partial O^T (32 KB of fp32) goes to the second half of the
+// stage of the handing consumer's last tile, which it keeps instead of releasing.
 // Barriers: tile g uses set g % 6, one per (stage, consumer), so a set's fills and releases
 // alternate between one producer pair and one consumer (with one set per stage, a pair two
 // fills ahead read the other consumer's parity as passed).
 //   kv_full[set][cb]  as the seesaw kernel's, one arrival per 64-column block
-//   kv_empty[set][h]  128 arrivals: the tile's consumer after its P V of half h; the producer of
-//                     tile g + 3 (the same stage) waits on tile g's set
-//   stats_ready       256 arrivals, both consumers wrote their heads' max and sums (once per
-//                     work tile; the stats buffer alternates with the work tile's parity)
-//   merge_ready, merge_free: 256 arrivals per round, four rounds per work tile
+//   kv_empty[set][h]  128 arrivals: the tile's consumer after its P V of half h (the merging
+//                     consumer instead, for the half holding the other's partial O^T); the
+//                     producer of tile g + 3 (the same stage) waits on tile g's set
+//   partial_ready[b]  128 arrivals: the handing consumer wrote its max, sums and partial O^T
+//                     (handoff k uses b = k % 2, as do partner_stats; the handing consumer can
+//                     run one work tile ahead, not two: the next Q waits for the merger)
 //   q_full, q_empty, tile_full, tile_empty: as the seesaw kernel's
 template <typename Element>
 struct Mqa512NarrowTraits {
@@ -175,9 +178,9 @@ struct Mqa512NarrowTraits {
     Element q[kColBlocks][kBlockM][64];
     Element kv[kStages][kColBlocks][kBlockN][64];
     Element p[2][kBlockM][kBlockN];  // [consumer]: P^T, [head][key], 128-byte swizzled
-    float merge[2][64][kBlockM];     // [sender]: one 64-dim block of O^T, [dim][head]
     float head_max[2][4][kBlockM];   // [consumer][warp][head]: the tile's max per warp
-    float stats[2][2][5][kBlockM];   // [work-tile parity][consumer]: max, then each warp's sums
+    float partner_stats[2][5][kBlockM];  // [handoff parity]: max, then each warp's sums
+    float own_sums[2][2][4][kBlockM];    // [consumer][parity][warp]: the merger's own sums
     alignas(16) int tile_ring[2][kTileInfoInts];
     alignas(16) int tile_info[8][kTileInfoInts];
     float sink[2][kBlockM];          // [Q fill parity]
@@ -185,7 +188,7 @@ struct Mqa512NarrowTraits {
     uint64_t q_full, q_empty;
     uint64_t kv_full[kSets][kColBlocks];
     uint64_t kv_empty[kSets][2];
-    uint64_t stats_ready, merge_ready, merge_free;
+    uint64_t partial_ready[2];
     uint64_t tile_full[2], tile_empty[2];
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
@@ -204,12 +207,10 @@ __device__ __forceinline__ void mqa512_narrow_init_barriers(Storage& s, bool sin
       ptx::mbarrier_init(ptx::smem_addr(&s.kv_empty[set][half]), 128);
     }
   }
-  ptx::mbarrier_init(ptx::smem_addr(&s.stats_ready), 256);
-  ptx::mbarrier_init(ptx::smem_addr(&s.merge_ready), 256);
-  ptx::mbarrier_init(ptx::smem_addr(&s.merge_free), 256);
   for (uint32_t slot = 0; slot < 2; ++slot) {
     ptx::mbarrier_init(ptx::smem_addr(&s.tile_full[slot]), 1);
     ptx::mbarrier_init(ptx::smem_addr(&s.tile_empty[slot]), 8 * Traits::kTileCopyLanes);
+    ptx::mbarrier_init(ptx::smem_addr(&s.partial_ready[slot]), 128);
   }
   ptx::fence_barrier_init();
 }
@@ -227,9 +228,11 @@ enum Mqa512Handoff : int {
 enum Mqa512Barrier : uint32_t {
   kPOwn0Ready = 1,  // consumer 0 only (128 threads): all of it stored p_own0
   // The narrow form, consumer c's 128 threads: 2 + c its warps' head maxima written, 4 + c its
-  // P^T stored.
+  // P^T stored, 6 + c (when it merges) its warps' sums written, the other's partial read, its
+  // rows staged.
   kNarrowMaxReady = 2,
   kNarrowPReady = 4,
+  kNarrowSumsReady = 6,
 };
 
 // The arrival counts of every barrier above (thread 0, before the CTA's first __syncthreads).
@@ -298,6 +301,17 @@ enum Mqa512TracePoint : int {
   // the epilogue: row sums exchanged, rows stored
   kTraceRowSums = 40,
   kTraceStored = 41,
+  // the narrow form's consumers: the work tile taken, a key tile's first column block landed,
+  // S^T done, P^T stored, P V done, the end of the work tile, the other's partial in (merger),
+  // the token stored (merger)
+  kTraceNarrowTake = 60,
+  kTraceNarrowFirstBlock = 61,
+  kTraceNarrowQkDone = 62,
+  kTraceNarrowPReady = 63,
+  kTraceNarrowPvDone = 64,
+  kTraceNarrowEnd = 65,
+  kTraceNarrowPartialIn = 66,
+  kTraceNarrowStored = 67,
 };
 
 }  // namespace dsv4
