@@ -7,8 +7,8 @@ events (A = consumer 0, B = consumer 1) and the producers' empty-barrier waits a
 bin/trace prints `E slot point cycles` lines (harness.cu, csrc/sm90/shared/trace.cuh). The
 mqa512 family's slots: 0 and 1 the consumer warpgroups (A, B), 2-5 the producer warps 0-3.
 Its points: consumer 1, 2, 10-17, 20-23, 30-38, 40, 41 (`names` below and the tiles mode),
-producer 0-3 a stage half's empty barrier passed (stage * 2 + half), 4-7 its boxes issued
-(4 + stage * 2 + half), 8 Q issued, 9 the Q buffer free."""
+producer 0-5 a stage half's empty barrier passed (stage * 2 + half), 70-75 its boxes issued
+(70 + stage * 2 + half), 8 Q issued, 9 the Q buffer free."""
 import sys, collections
 CONSUMER_A, CONSUMER_B = 0, 1   # slots
 PRODUCERS = (2, 3, 4, 5)        # producer warps 0-3
@@ -34,7 +34,7 @@ if len(sys.argv) > 2 and sys.argv[2] == 'paged':
     until = int(sys.argv[3]) if len(sys.argv) > 3 else 60000
     def what(slot, i):
         if slot in PRODUCERS:
-            kinds = {0: 'empty ok', 4: 'issued', 50: 'landed', 54: 'converted'}
+            kinds = {0: 'empty ok', 70: 'issued', 50: 'landed', 54: 'converted'}
             for base, name in kinds.items():
                 if base <= i < base + 4:
                     return f"P{slot - 2} {name} stage {(i - base) // 2} half {(i - base) % 2}"
@@ -83,6 +83,15 @@ if len(sys.argv) > 2 and sys.argv[2] == 'narrow':
           66: 'partial in', 67: 'stored'}
     rows = sorted((t - base, 'AB'[slot], nm.get(i, i)) for slot in (0, 1) for i, t in ev[slot]
                   if base - 2000 <= t < end)
+    # the producer warps in the same window: a stage half freed (0-5), a window tile's TMA
+    # issued (70-75), Q issued (8), the Q buffer free (9)
+    def producer_event(i):
+        if i in (8, 9): return {8: 'Q issued', 9: 'Q buffer free'}[i]
+        kind = 'issued' if i >= 70 else 'empty ok'
+        return f"{kind} stage {(i % 70) // 2} half {i % 2}"
+    rows += [(t - base, f"P{w}", producer_event(i)) for w, slot in enumerate(PRODUCERS)
+             for i, t in ev[slot] if base - 2000 <= t < end]
+    rows.sort()
     for t, w, n in rows: print(f"{t:7d} {w} {n}")
     sys.exit(0)
 if len(sys.argv) > 2 and sys.argv[2] == 'tiles':
@@ -118,5 +127,5 @@ if n > 4:
         for i, t in ev[slot]:
             if base - 3000 <= t <= end:
                 what = {8: 'Q issued', 9: 'Q buffer free'}.get(
-                    i, f"{'empty ok' if i < 4 else 'issued'} stage {(i%4)//2} half {i%2}")
+                    i, f"{'empty ok' if i < 70 else 'issued'} stage {(i % 70) // 2} half {i % 2}")
                 print(f"{t-base:7d} P{w} {what}")

@@ -263,9 +263,10 @@ __device__ __forceinline__ void mqa512_init_barriers(Storage& s, bool sinks_with
 // Trace slots and points (csrc/sm90/shared/trace.cuh; compiled in only with -DDSV4_TRACE, by
 // benchmarks/profile/mqa512_harness). Slots: consumer w is slot w, producer warp i slot 2 + i.
 enum Mqa512TracePoint : int {
-  // producer warps: waiting for half h of stage s (2s + h), its TMA issued (4 + 2s + h)
+  // producer warps: waiting for half h of stage s (2s + h; the narrow form's three stages 0-5),
+  // its TMA issued (70 + 2s + h)
   kTraceKvEmptyWait = 0,
-  kTraceKvIssued = 4,
+  kTraceKvIssued = 70,
   kTraceQIssued = 8,
   kTraceQEmptyWait = 9,
   // paged producer warps: its copies of half h of stage s landed (50 + 2s + h), its blocks
