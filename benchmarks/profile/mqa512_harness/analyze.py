@@ -83,12 +83,12 @@ if len(sys.argv) > 2 and sys.argv[2] == 'narrow':
           66: 'partial in', 67: 'stored'}
     rows = sorted((t - base, 'AB'[slot], nm.get(i, i)) for slot in (0, 1) for i, t in ev[slot]
                   if base - 2000 <= t < end)
-    # the producer warps in the same window: a stage half freed (0-5), a window tile's TMA
-    # issued (70-75), Q issued (8), the Q buffer free (9)
+    # the producer warps in the same window: a ring slot (a key-tile half) freed (0-5), a
+    # window tile's TMA issued (70-75), Q issued (8), the Q buffer free (9)
     def producer_event(i):
         if i in (8, 9): return {8: 'Q issued', 9: 'Q buffer free'}[i]
         kind = 'issued' if i >= 70 else 'empty ok'
-        return f"{kind} stage {(i % 70) // 2} half {i % 2}"
+        return f"{kind} slot {i % 70}"
     rows += [(t - base, f"P{w}", producer_event(i)) for w, slot in enumerate(PRODUCERS)
              for i, t in ev[slot] if base - 2000 <= t < end]
     rows.sort()
