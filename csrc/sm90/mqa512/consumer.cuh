@@ -156,6 +156,18 @@ struct Mqa512Consumer {
       }
     }
   }
+  // This consumer's row sums over the work tile, for the epilogue: published in the last pair,
+  // so the other consumer's epilogue does not wait for this one to finish its last P V.
+  __device__ __forceinline__ void publish_row_sums(const Mqa512Progress& progress) {
+    float total[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) total[i] = quad_sum(l_run[i]);
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) s.row_sum[progress.slot()][wg][frag_row + 8 * i] = total[i];
+    }
+    ptx::mbarrier_arrive(ptx::smem_addr(&s.handoff[kRowSums]));
+  }
   // Writes one value per row to `dst` (one lane per quad), arrives on `handoff`, and reads the
   // values back: what uses them cannot be scheduled ahead of the arrive. (ptxas moved such an
   // arrive below the register-only work after it, and the other consumer waited through this
@@ -333,6 +345,7 @@ struct Mqa512Consumer {
     DSV4_TRACE_STAMP(0, kTrace0PPublished, tid == 0);
 #pragma unroll
     for (int i = 0; i < 2; ++i) l_run[i] *= factor[i];
+    if (2 * pair + 2 >= n) publish_row_sums(progress);
     if constexpr (kKeys != Mqa512Keys::kGathered) release_own_half();
     rescale_rows_unless_one<256>(o, factor);
     // 4. O += P V for consumer 1's tile, with its P from shared memory.
@@ -402,6 +415,7 @@ struct Mqa512Consumer {
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * factor[i] + sum[i];
+    if (2 * pair + 2 >= n) publish_row_sums(progress);
     // 3. O += P V for consumer 0's tile, with its P from shared memory.
     wait_handoff(kP0Ready, phase0);
     DSV4_TRACE_STAMP(1, kTrace1P0Ready, tid == 0);

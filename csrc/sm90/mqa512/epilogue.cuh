@@ -26,11 +26,7 @@ __device__ __forceinline__ void mqa512_epilogue(Mqa512Consumer<Element, kKeys>& 
   float total[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) total[i] = quad_sum(c.l_run[i]);
-  if (lane % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) s.row_sum[progress.slot()][wg][frag_row + 8 * i] = total[i];
-  }
-  ptx::mbarrier_arrive(ptx::smem_addr(&s.handoff[kRowSums]));
+  if (n == 0) c.publish_row_sums(progress);  // otherwise published in the last pair
   c.wait_handoff(kRowSums, progress.slot());
   DSV4_TRACE_STAMP(wg, kTraceRowSums, c.tid == 0);
 #pragma unroll
