@@ -35,8 +35,8 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 }
 
 // Programmatic dependent launch. A grid launched with programmatic stream serialization
-// (launch_kernel in sm90/shared/host.h) may start once every CTA of the grid before it on the
-// stream has called griddep_launch_dependents or exited, and must griddep_wait, in every CTA,
+// (queue_kernel in sm90/shared/queue_kernel.h) may start once every CTA of the grid before it on
+// the stream has called griddep_launch_dependents or exited, and must griddep_wait, in every CTA,
 // before it touches global memory: the wait returns when the grids before it have completed
 // and their writes are visible (at once in a grid launched without the attribute).
 __device__ __forceinline__ void griddep_launch_dependents() {

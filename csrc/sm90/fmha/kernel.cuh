@@ -70,6 +70,9 @@ __global__ void __launch_bounds__(FmhaSm90Traits<Element, kHeadDim, kBlockN_>::k
 
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(smem_raw + smem_align_offset());
   const uint32_t q_full = ptx::smem_addr(&s.q_full), q_empty = ptx::smem_addr(&s.q_empty);
+  // A split call's combine follows by programmatic dependent launch: it may take the SMs this
+  // grid leaves from now on, and waits for this grid's partials itself.
+  ptx::griddep_launch_dependents();
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, T::kQFullArrivals);
     ptx::mbarrier_init(q_empty, T::kQEmptyArrivals);

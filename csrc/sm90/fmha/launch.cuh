@@ -77,8 +77,8 @@ void launch(const FmhaProblem& c, const FmhaPlan& plan, at::Tensor& out, at::Ten
   kernel<<<dim3(static_cast<unsigned>(plan.ctas)), T::kThreads, T::kSmemBytes, stream>>>(tq, tk, tv, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_splits > 1) {
-    launch_split_kv_combine<Element, kHeadDim>(p, out.data_ptr(), lse.data_ptr<float>(), stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    C10_CUDA_CHECK((launch_split_kv_combine<Element, kHeadDim>(p, out.data_ptr(),
+                                                               lse.data_ptr<float>(), stream)));
   }
 }
 

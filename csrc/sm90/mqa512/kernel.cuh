@@ -48,6 +48,9 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   static_assert(sizeof(Mqa512TileInfo) <= sizeof(s.tile_ring[0]), "tile_ring too small");
   const int num_work = p.num_work;
   if (threadIdx.x == 0) mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p));
+  // A split call's combine follows by programmatic dependent launch: it may take the SMs this
+  // grid leaves from now on, and waits for this grid's partials itself.
+  ptx::griddep_launch_dependents();
   __syncthreads();
 
   if (threadIdx.x / 128 == 0) {

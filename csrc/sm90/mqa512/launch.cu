@@ -97,9 +97,8 @@ void launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& out, at
   kernel<<<static_cast<unsigned>(plan.grid), T::kThreads, T::kSmemBytes, stream>>>(tq, tkv, tc, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_splits > 1) {
-    launch_split_kv_combine<Element, T::kHeadDim>(p, out.data_ptr(), lse.data_ptr<float>(), stream,
-                                                  p.lse_with_sink != 0);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    C10_CUDA_CHECK((launch_split_kv_combine<Element, T::kHeadDim>(
+        p, out.data_ptr(), lse.data_ptr<float>(), stream, p.lse_with_sink != 0)));
   }
 }
 

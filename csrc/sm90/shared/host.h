@@ -10,6 +10,7 @@
 #include <mutex>
 #include <utility>
 
+#include "sm90/shared/queue_kernel.h"
 #include "sm90/shared/varlen_schedule.h"
 
 namespace dsv4 {
@@ -22,23 +23,12 @@ struct DeviceInfo {
 // Queried once per device.
 const DeviceInfo& device_info(int device);
 
-// Queues kernel<<<grid, block, smem, stream>>>(args...). follows_previous: by programmatic
-// dependent launch (ptx::griddep_wait and griddep_launch_dependents say what the kernel must
-// do), so that its CTAs are resident when the kernel before it, the same op's, finishes.
+// queue_kernel (queue_kernel.h), its launch checked.
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                    cudaStream_t stream, bool follows_previous, Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute follow;
-  follow.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  follow.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &follow;
-  config.numAttrs = follows_previous ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  C10_CUDA_CHECK(queue_kernel(kernel, grid, block, smem, stream, follows_previous,
+                              std::forward<Args>(args)...));
 }
 
 // Raises kKernel's dynamic shared-memory limit to `bytes` on `device` (the current device),

@@ -7,8 +7,10 @@
 
 #include <type_traits>
 
+#include "sm90/shared/queue_kernel.h"
 #include "sm90/shared/split_kv.h"
 #include "ptx/math.cuh"
+#include "ptx/sync.cuh"
 
 namespace dsv4 {
 
@@ -25,6 +27,9 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps, 1)
   constexpr int kVec = kHeadDim / (32 * kWidth);
   using Group = std::conditional_t<kWidth == 4, float4, float2>;
   constexpr int kSplitsInFlight = kVec == 1 ? 16 : 4;  // partial rows loaded at once
+  // Launched to follow the split kernel (its CTAs resident as the split kernel's leave SMs):
+  // the partials are complete and visible only after this wait.
+  ptx::griddep_wait();
   const int row = blockIdx.x * kSplitKvCombineWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= p.rows) return;
   const int head = row % p.heads, token = (row / p.heads) % p.seqlen_q;
@@ -112,9 +117,10 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps, 1)
 // Queues the combine of a split attention kernel's partials (its parameter struct `p`: the
 // partial buffers, sinks, num_splits and the (batch, seqlen_q, heads_q) rows) into out and lse
 // (lse_with_sink false: the keys' lse alone).
-// The caller checks the launch.
+// Queued by programmatic dependent launch behind the split kernel, which triggers it at its
+// start (ptx::griddep_launch_dependents). Returns the launch's error.
 template <typename Element, int kHeadDim, typename KernelParams>
-void launch_split_kv_combine(const KernelParams& p, void* out, float* lse, cudaStream_t stream,
+cudaError_t launch_split_kv_combine(const KernelParams& p, void* out, float* lse, cudaStream_t stream,
                              bool lse_with_sink = true) {
   SplitKvCombineParams c;
   c.o_partial = p.o_partial;
@@ -129,7 +135,8 @@ void launch_split_kv_combine(const KernelParams& p, void* out, float* lse, cudaS
   c.lse_with_sink = lse_with_sink ? 1 : 0;
   const unsigned blocks =
       static_cast<unsigned>((c.rows + kSplitKvCombineWarps - 1) / kSplitKvCombineWarps);
-  split_kv_combine_kernel<Element, kHeadDim><<<blocks, 32 * kSplitKvCombineWarps, 0, stream>>>(c);
+  return queue_kernel(split_kv_combine_kernel<Element, kHeadDim>, dim3(blocks),
+                      dim3(32 * kSplitKvCombineWarps), 0, stream, true, c);
 }
 
 }  // namespace dsv4
