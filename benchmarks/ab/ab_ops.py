@@ -79,6 +79,19 @@ def dsv4_case(kind, b, sq, s, hq, window=128, varlen=None):
     return lambda: dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
 
 
+def indexer_case(s=0, paged=None, dtype=torch.float8_e4m3fn):
+    """dsv4_indexer_topk on a fresh prompt of s tokens, or with paged = (b, rows) the paged
+    decode step (bench_dsv4's inputs)."""
+    import bench_dsv4
+    import dsv4_attn
+    kw = dict(topk=bench_dsv4.INDEXER_TOPK, compress_ratio=4)
+    if paged:
+        args = bench_dsv4.indexer_paged_inputs(*paged, "cuda")
+        return lambda: dsv4_attn.dsv4_indexer_topk_paged(*args, **kw)
+    q, k, w, pos, k_scale = bench_dsv4.indexer_inputs(s, "cuda", dtype)
+    return lambda: dsv4_attn.dsv4_indexer_topk(q, k, w, pos, k_scale=k_scale, **kw)
+
+
 def merge_case(shape, dtype, offset=0):
     import dsv4_attn
     n = 1
@@ -137,6 +150,9 @@ BITWISE = [
     ("dsv4 CSA varlen", {}, lambda: dsv4_case("CSA", 0, 0, 0, 64, varlen=[(3, 700), (0, 10), (200, 900)])),
     ("dsv4 HCA varlen", {}, lambda: dsv4_case("HCA", 0, 0, 0, 64, varlen=[(1, 700), (200, 900)])),
     ("dsv4 sliding forced split", {"DSV4_SPLIT_KV": "3"}, lambda: dsv4_case("sliding", 1, 4, 3000, 64)),
+    ("indexer fp8 2k", {}, lambda: indexer_case(2048)),
+    ("indexer bf16 2k", {}, lambda: indexer_case(2048, dtype=H)),
+    ("indexer paged B=4 12k", {}, lambda: indexer_case(paged=(4, 3000))),
     *[(f"merge {dt}", {}, lambda dt=dt: merge_case((2, 300, 8, 128), dt)) for dt in (H, F16, torch.float32)],
     ("merge misaligned varlen", {}, lambda: merge_case((700, 8, 64), H, offset=1)),
     *[(f"chunk {op} {dt}", {"DSV4_CHUNK_SEGMENTS": "1"}, lambda op=op, dt=dt: chunk_case(
@@ -168,6 +184,10 @@ TIMING = [
     ("dsv4 CSA decode B=64 4k Hq=64 (split)", {}, lambda: dsv4_case("CSA", 64, 1, 4096, 64)),
     ("dsv4 HCA decode B=64 4k Hq=64 (split)", {}, lambda: dsv4_case("HCA", 64, 1, 4096, 64)),
     ("dsv4 HCA decode B=8 4k Hq=16 (split)", {}, lambda: dsv4_case("HCA", 8, 1, 4096, 16)),
+    ("indexer fp8 8k", {}, lambda: indexer_case(8192)),
+    ("indexer paged B=64 64k", {}, lambda: indexer_case(paged=(64, 16384))),
+    ("indexer paged B=8 64k", {}, lambda: indexer_case(paged=(8, 16384))),
+    ("indexer paged B=64 8k", {}, lambda: indexer_case(paged=(64, 2048))),
     ("merge bf16 8x4096x32x128", {}, lambda: merge_case((8, 4096, 32, 128), H)),
     ("chunk gdr (1, 32768, 16, 32)", {}, lambda: chunk_case("gdr", 1, 32768, 16, 32)),
     ("chunk gdr (4, 8192, 16, 32)", {}, lambda: chunk_case("gdr", 4, 8192, 16, 32)),

@@ -44,14 +44,17 @@ void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, int devic
     p.scores = base.scores + b * plan.buffer_floats();
     launch_scores(p, on);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // The top-k follows its scores by programmatic dependent launch: the score kernel does not
+    // trigger early (waiting top-k CTAs would take the SMs its later waves need), so the top-k
+    // grid starts as the last score CTA exits, its launch under that CTA's end.
     if (plan.warp_topk) {
       using W = IndexerWarpTopkTraits;
-      indexer_topk_warp_kernel<<<(rows + W::kWarps - 1) / W::kWarps, W::kThreads, W::kSmemBytes,
-                                 on>>>(p);
+      launch_kernel(indexer_topk_warp_kernel, (rows + W::kWarps - 1) / W::kWarps, W::kThreads,
+                    W::kSmemBytes, on, true, p);
     } else {
-      indexer_topk_kernel<<<rows, IndexerTopkTraits::kThreads, topk_smem, on>>>(p);
+      launch_kernel(indexer_topk_kernel, rows, IndexerTopkTraits::kThreads, topk_smem, on, true,
+                    p);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (plan.buffers == 2) {
     join.record(side);

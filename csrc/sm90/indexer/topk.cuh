@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "ptx/sync.cuh"
 #include "sm90/indexer/params.h"
 #include "sm90/indexer/work.cuh"
 
@@ -280,6 +281,7 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
   using T = IndexerTopkTraits;
   extern __shared__ uint32_t staged[];
   __shared__ IndexerSelectShared sh;
+  ptx::griddep_wait();  // queued behind the chunk's score kernel (launch.cu)
   IndexerTopkRow row;
   if (!indexer_topk_row(p, blockIdx.x, row)) return;
   const int n = row.n;
@@ -474,6 +476,7 @@ __global__ void __launch_bounds__(IndexerWarpTopkTraits::kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   auto& sh = reinterpret_cast<T::Shared*>(warp_smem)[warp];
   const int slot = blockIdx.x * T::kWarps + warp;
+  ptx::griddep_wait();  // queued behind the chunk's score kernel (launch.cu)
   IndexerTopkRow row;
   if (slot >= p.chunk_blocks * p.queries_per_block || !indexer_topk_row(p, slot, row)) return;
   const int n = min(row.n, kIndexerWarpTopkRows);  // the route keeps it so
