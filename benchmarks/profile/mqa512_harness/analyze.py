@@ -3,6 +3,7 @@ events (A = consumer 0, B = consumer 1) and the producers' empty-barrier waits a
     python3 analyze.py trace.txt          # one pair's timeline
     python3 analyze.py trace.txt tiles    # per work tile (the persistent grid)
     python3 analyze.py trace.txt paged [until]  # bin/paged_trace: every event in time order
+    python3 analyze.py trace.txt halves   # bin/paged_trace: each producer warp's stage halves
     python3 analyze.py trace.txt narrow   # the narrow form: where each work tile's cycles go
 bin/trace prints `E slot point cycles` lines (harness.cu, csrc/sm90/shared/trace.cuh). The
 mqa512 family's slots: 0 and 1 the consumer warpgroups (A, B), 2-5 the producer warps 0-3.
@@ -42,6 +43,33 @@ if len(sys.argv) > 2 and sys.argv[2] == 'paged':
         return f"{'AB'[slot]} " + str(names.get(i, {1: 'tile start', 2: 'Q landed', 41: 'stored'}.get(i, i)))
     rows = sorted((t, what(slot, i)) for slot in ev for i, t in ev[slot] if t <= until)
     for t, w in rows: print(f"{t:8d} {w}")
+    sys.exit(0)
+if len(sys.argv) > 2 and sys.argv[2] == 'halves':
+    # bin/paged_trace: per producer warp, the medians over its steady stage halves (the first
+    # and second half of each key tile it fills) of: release to copies issued, issued to
+    # landed, landed to converted, and converted to the next half's release; then consumer
+    # A's pair period.
+    med = lambda v: sorted(v)[len(v) // 2] if v else 0
+    for slot in PRODUCERS:
+        halves, cur = [], None
+        for i, t in ev[slot]:
+            if 0 <= i < 4:
+                cur = {'empty': t}; halves.append(cur)
+            elif cur is not None:
+                for base, key in ((70, 'issued'), (50, 'landed'), (54, 'converted')):
+                    if base <= i < base + 4: cur[key] = t
+        parts = collections.defaultdict(list)
+        steady = [h for h in halves[4:-4] if len(h) == 4]
+        for n, (a, b) in enumerate(zip(steady, steady[1:])):
+            k = n % 2  # the tile's first or second half
+            parts[f'issue{k}'].append(a['issued'] - a['empty'])
+            parts[f'land{k}'].append(a['landed'] - a['issued'])
+            parts[f'convert{k}'].append(a['converted'] - a['landed'])
+            parts[f'to next release{k}'].append(b['empty'] - a['converted'])
+        print(f"producer warp {slot - 2} ({len(steady)} halves): " +
+              ", ".join(f"{key} {med(v)}" for key, v in sorted(parts.items())))
+    starts = [t for i, t in ev[CONSUMER_A] if i == 10]
+    print('consumer A pair period', med([b - a for a, b in zip(starts, starts[1:])]))
     sys.exit(0)
 if len(sys.argv) > 2 and sys.argv[2] == 'narrow':
     # Each consumer's work tiles (points 60-67, traits.h: kTraceNarrow*), split into: waiting

@@ -12,7 +12,8 @@
 #   (bin/trace traces CTA 0; DSV4_TRACE_CTA=N bin/trace ... traces CTA N)
 #   bin/gather_bench   -> the CSA gather's cp.async rate, alone (gather_bench.cu)
 #   bin/paged_bench 64 64 hca; bin/paged_trace 64 64 hca > t.txt; python3 analyze.py t.txt paged
-#     -> dsv4_attention_paged's decode kernel alone, and one CTA's timeline (paged.cu)
+#     -> dsv4_attention_paged's decode kernel alone, and one CTA's timeline (paged.cu);
+#     `analyze.py t.txt halves`: each producer warp's refill chain per stage half
 set -e
 cd "$(dirname "$0")"
 mkdir -p bin
