@@ -120,8 +120,8 @@ __global__ void __launch_bounds__(32 * kSplitKvCombineWarps, 1)
 // Queued by programmatic dependent launch behind the split kernel, which triggers it at its
 // start (ptx::griddep_launch_dependents). Returns the launch's error.
 template <typename Element, int kHeadDim, typename KernelParams>
-cudaError_t launch_split_kv_combine(const KernelParams& p, void* out, float* lse, cudaStream_t stream,
-                             bool lse_with_sink = true) {
+cudaError_t launch_split_kv_combine(const KernelParams& p, void* out, float* lse,
+                                    cudaStream_t stream, bool lse_with_sink = true) {
   SplitKvCombineParams c;
   c.o_partial = p.o_partial;
   c.lse_partial = p.lse_partial;
