@@ -47,7 +47,15 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(smem_raw + smem_align_offset());
   static_assert(sizeof(Mqa512TileInfo) <= sizeof(s.tile_ring[0]), "tile_ring too small");
   const int num_work = p.num_work;
-  if (threadIdx.x == 0) mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p));
+  if (threadIdx.x == 0) {
+    mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p));
+    if constexpr (kPaged) {
+      for (int stage = 0; stage < 2; ++stage) {
+        ptx::mbarrier_init(ptx::smem_addr(&s.paged_converted[stage]), 1);
+      }
+      ptx::fence_barrier_init();
+    }
+  }
   // A split call's combine follows by programmatic dependent launch: it may take the SMs this
   // grid leaves from now on, and waits for this grid's partials itself.
   ptx::griddep_launch_dependents();

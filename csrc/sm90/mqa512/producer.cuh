@@ -1,7 +1,7 @@
 // The producer warpgroup of the head_dim-512 kernel (traits.h has the protocol): it decodes each
 // work tile once for everyone, loads Q (and the rows' sinks), and fills the two key stages by
-// TMA, for CSA's listed rows by a cp.async gather, or for a paged call's rows by loads that
-// dequantize the FP8 records into the tile.
+// TMA, for CSA's listed rows by a cp.async gather, or for a paged call's rows by a cp.async gather
+// of the FP8 records' bytes, which the consumers convert.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
-#include "sm90/kv_cache/dequant.cuh"
+#include "sm90/kv_cache/format.h"
 #include "sm90/mqa512/traits.h"
 #include "sm90/mqa512/work.cuh"
 #include "sm90/shared/trace.cuh"
@@ -328,41 +328,31 @@ struct Mqa512Producer {
   }
 
   // This warp's two 64-column blocks (cb0 = 4 half + sub, cb0 + 2) of half `half` of its stage,
-  // from the FP8 records of list kList's listed slots (-1: zeros). Each lane finds the records
-  // of its own rows (lane, lane + 32) once and copies their scale words; the copy steps take
-  // each row's record address from its lane. Every copy of both blocks is issued by cp.async
-  // (no registers held: all of them in flight at once); each lane waits for its own and the
-  // warp syncs. Then each lane converts what it copied: fp8 bytes from staging in the block's
-  // own upper 4 KB to bf16 (or fp16) in place; the bf16 tail (block 7) was copied straight to
-  // its place (converted there for fp16). Each lane fences the proxies after its writes, and
-  // after a warp sync lane 0 gives each block's one arrival.
+  // from the FP8 records of list kList's listed slots (-1: zeros): the fp8 bytes staged in each
+  // block's upper 4 KB, the bf16 tail (block 7) straight to its place, and each row's scale
+  // word. Each lane finds the records of its own rows (lane, lane + 32) once; the copy steps
+  // take each row's record address from its lane. The blocks complete as the copies land, as
+  // gather_blocks' do, so the warp goes on to the next half at once; the stage's consumer
+  // converts them (Mqa512Consumer::convert_paged_block).
   template <int kList>
   __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
     const int cb0 = kHalf * half + sub;
     const PagedRows rows = paged_rows<kList>(listed_lo, listed_hi);
     if (cb0 + 2 == kKvTiles) {  // this warp's second block is the bf16 tail
-      issue_paged_fp8<kList, 1>(cb0, rows);
+      issue_paged_fp8<kList, 1>(half, cb0, rows);
       issue_paged_tail(cb0 + 2, rows);
     } else {
-      issue_paged_fp8<kList, 2>(cb0, rows);
+      issue_paged_fp8<kList, 2>(half, cb0, rows);
     }
     DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, lane == 0);
-    ptx::cp_async_wait_all();
-    __syncwarp();  // a row's scale word was copied by its part-0 lane, and all four read it
-    DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTracePagedLanded + stage * 2 + half, lane == 0);
-#pragma unroll 1
-    for (int b = 0; b < 2; ++b) {
-      const int cb = cb0 + 2 * b;
-      if (cb == kKvTiles) {
-        convert_paged_tail(cb);
-      } else {
-        convert_paged_fp8(cb);
-      }
-      ptx::fence_proxy_async_smem();  // this lane's writes (stores and waited copies) to wgmma
-      __syncwarp();  // every lane's stores of the block before lane 0's arrival
-      if (lane == 0) ptx::mbarrier_arrive(kv_full(stage, cb));
+    const uint32_t full = kv_full(stage, cb0);
+    ptx::cp_async_mbarrier_arrive(full);
+    ptx::cp_async_mbarrier_arrive(full + 16);  // block cb0 + 2
+    __syncwarp();  // every lane's copies are tracked before lane 0 arrives
+    if (lane == 0) {
+      ptx::mbarrier_arrive(full);
+      ptx::mbarrier_arrive(full + 16);
     }
-    DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTracePagedConverted + stage * 2 + half, lane == 0);
   }
 
   // A lane's two rows of a paged tile (lane, lane + 32): their slots (-1: not listed), and the
@@ -398,9 +388,9 @@ struct Mqa512Producer {
   // The fp8 bytes of kBlocks blocks cb0 (and cb0 + 2), row r at byte 4096 + 64 r of each block
   // (lane 4 q + part copies 16 bytes of rows q + 8 i), all from one record address a row; and
   // each row's scale word (the 4 bytes holding tile cb0's byte, and cb0 + 2's) into
-  // paged_scale[stage][sub].
+  // paged_scale[stage][half][sub].
   template <int kList, int kBlocks>
-  __device__ __forceinline__ void issue_paged_fp8(int cb0, const PagedRows& rows) const {
+  __device__ __forceinline__ void issue_paged_fp8(int half, int cb0, const PagedRows& rows) const {
     const Mqa512PagedList& l = p.page_list[kList];
     const int part = lane % 4, row_sub = lane / 4;
     const uint32_t staging = ptx::smem_addr(&s.kv[stage][cb0][0][0]) + kPagedStagingOffset;
@@ -418,7 +408,7 @@ struct Mqa512Producer {
         }
         if (part == 0) {
           const int r = max(slot, 0) & ((1 << l.page_shift) - 1);
-          ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][sub][row]),
+          ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][half][sub][row]),
                                 src + ((kKvDataBytes << l.page_shift) -
                                        r * (kKvDataBytes - kKvScaleBytes) + (cb0 & ~3) - cb0 * 64),
                                 slot >= 0);
@@ -441,55 +431,6 @@ struct Mqa512Producer {
         const uint8_t* rec = paged_row(rows, h, (row_sub + 4 * i) % 32, slot);
         ptx::cp_async_16_unless_negative((dst0 ^ (i % 2 ? 64u : 0u)) + 4 * 128 * i,
                                          rec + kKvQuantDims + part * 16, slot);
-      }
-    }
-  }
-
-  // Block cb's staged fp8 rows times their tiles' scales, into the swizzled tile: lane 4 q + part
-  // converts its own 16 bytes of rows q + 8 i (step i) to chunks 2 part and 2 part + 1 of the
-  // row, at (2 part) ^ q and (2 part + 1) ^ q, two steps at a time. Steps 0-3 land below the
-  // staging; steps 4 and 5 land on the staged rows of steps 0-3, steps 6 and 7 on those of
-  // steps 4-7, so the warp syncs before those stores, after its loads. (A sync in every step
-  // kept one step in flight.)
-  __device__ __forceinline__ void convert_paged_fp8(int cb) const {
-    constexpr int kSteps = kBlockN / 8;
-    static_assert(kPagedStagingOffset == 32 * 128, "steps 0-3 (rows 0-31) land below the staging");
-    const int part = lane % 4, row_sub = lane / 4;
-    char* tile = reinterpret_cast<char*>(&s.kv[stage][cb][0][0]);
-#pragma unroll
-    for (int k = 0; k < kSteps / 2; ++k) {
-      uint4 raw[2];
-      uint32_t word[2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int row = row_sub + 8 * (2 * k + j);
-        raw[j] = *reinterpret_cast<const uint4*>(tile + kPagedStagingOffset + row * 64 + part * 16);
-        word[j] = s.paged_scale[stage][sub][row];  // cb and cb0 share the word
-      }
-      if (k >= kSteps / 4) __syncwarp();
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        uint4 out[2];
-        kv_dequant16<Element>(raw[j], kv_scale_of(static_cast<uint8_t>(word[j] >> (8 * (cb % 4)))),
-                              out);
-        char* dst = tile + (row_sub + 8 * (2 * k + j)) * 128;
-        *reinterpret_cast<uint4*>(dst + (((2 * part) ^ row_sub) << 4)) = out[0];
-        *reinterpret_cast<uint4*>(dst + (((2 * part + 1) ^ row_sub) << 4)) = out[1];
-      }
-    }
-  }
-
-  // Block 7 for an fp16 tile: each lane's own chunks from bf16 to fp16 in place (nothing to do
-  // for bf16).
-  __device__ __forceinline__ void convert_paged_tail(int cb) const {
-    if constexpr (!std::is_same_v<Element, __nv_bfloat16>) {
-      const int part = lane % 8, row_sub = lane / 8;
-      char* tile = reinterpret_cast<char*>(&s.kv[stage][cb][0][0]);
-#pragma unroll 2
-      for (int i = 0; i < kBlockN / 4; ++i) {  // row row_sub + 4 i, chunk part (as issued)
-        uint4* chunk = reinterpret_cast<uint4*>(tile + (row_sub + 4 * i) * 128 +
-                                                ((((part ^ row_sub) << 4)) ^ (i % 2 ? 64 : 0)));
-        *chunk = kv_tail8<Element>(*chunk);
       }
     }
   }

@@ -49,9 +49,9 @@
 //                     expect_tx(8 KB) with the block's TMA box, or, for a gather, lane 0's
 //                     after a __syncwarp, every lane's cp.async.mbarrier.arrive holding the
 //                     phase open until its copies land (the readers then fence the proxies),
-//                     or for a paged gather lane 0's after every lane waited for its copies,
-//                     converted them and fenced the proxies, and the warp synced
-//                     -> readers of that block (Q K^T starts on the first block that lands)
+//                     and for a paged gather the same, its fp8 bytes staged in the block's
+//                     upper half -> readers of that block (Q K^T starts on the first block
+//                     that lands; a paged block is converted first, below)
 //   kv_empty[s][h]    half h of stage s is read by consumer s (QK^T) and consumer h (P V):
 //                     128 arrivals when s == h (after consumer s's own P V), else 256
 //                     (consumer s after its QK^T, consumer h after its P V with the other's P)
@@ -62,7 +62,13 @@
 //                     kMax0Ready, kMax1Ready and kP0Ready complete once per pair, i.e. per fill
 //                     of stage 0, kP1Ready once per fill of stage 1: they share those parities.
 //                     kRowSums (256 arrivals, both wait) is double-buffered by work-tile parity.
+//   paged_converted[s] paged only: consumer s converts each block of its tile (fp8 to the
+//                     tile's type, in place) before its Q K^T reads it, and thread 0 arrives
+//                     once the other half (the one consumer 1 - s's P V reads) is converted
+//                     -> consumer 1 - s, before that P V (it shares kv_full's parities)
 //   named barrier kPOwn0Ready: consumer 0's 128 threads stored p_own0 (before its own P V)
+//   named barrier kPagedBlockConverted + s: consumer s's 128 threads read a paged block's
+//                     staged bytes, then wrote and fenced its converted rows
 //   The pair order makes each reuse safe: a consumer writes row_max / p for pair i + 1 only
 //   after the other has waited for its pair-i data.
 #pragma once
@@ -118,14 +124,16 @@ struct Mqa512Sm90Traits {
     // [stage]: a CSA tile's visible slots (key rows 0-31, 32-63) and the token of the work tile
     // whose list it holds (one 16-byte read for the consumer's mask).
     alignas(16) uint32_t csa_slots[2][4];
-    // Paged: [stage][producer warp of the stage][key row]: the scale word of each gathered row
-    // (the 4 bytes holding the UE8M0 bytes of both of the warp's blocks in a half).
-    uint32_t paged_scale[2][2][kBlockN];
+    // Paged: [stage][half][producer warp of the stage][key row]: the scale word of each
+    // gathered row (the 4 bytes holding the UE8M0 bytes of both of the warp's blocks in the
+    // half), read by the consumer that converts the tile.
+    uint32_t paged_scale[2][2][2][kBlockN];
     uint64_t q_full, q_empty;
     uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
     uint64_t kv_empty[2][2];          // [stage][half of head_dim]
     uint64_t handoff[5];              // [Mqa512Handoff]
     uint64_t tile_full[2], tile_empty[2];  // [tile parity]: the tile ring
+    uint64_t paged_converted[2];           // [stage]: paged only (traits' protocol)
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
@@ -227,6 +235,7 @@ enum Mqa512Handoff : int {
 // Named barriers (0 is __syncthreads).
 enum Mqa512Barrier : uint32_t {
   kPOwn0Ready = 1,  // consumer 0 only (128 threads): all of it stored p_own0
+  kPagedBlockConverted = 2,  // the paged seesaw kernel, + consumer: see the protocol above
   // The narrow form, consumer c's 128 threads: 2 + c its warps' head maxima written, 4 + c its
   // P^T stored, 6 + c (when it merges) its warps' sums written, the other's partial read, its
   // rows staged.
