@@ -4,6 +4,7 @@
 // (pages of 64); `kind` adds a compressed list: csa512 / csa1024 (the top-K of a 4x compressed
 // cache at `context` tokens, pages of 64) or hca (every closed row of a 128x one, pages of 2).
 //   bin/paged_bench B Hq kind [context 32768] [splits 0: planned] [reps 50]
+//                   [convert -1: planned, 0: the producer converts, 1: the consumers]
 //     -> the main kernel's median µs (no combine kernel: with splits > 1 its partials are
 //        written and not combined)
 //   bin/paged_trace B Hq kind [context] [splits] > t.txt; python3 analyze.py t.txt paged
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
   const char* kind = argv[3];
   const int context = argc > 4 ? atoi(argv[4]) : 32768, splits = argc > 5 ? atoi(argv[5]) : 0;
   const int reps = argc > 6 ? atoi(argv[6]) : 50;
+  const int convert = argc > 7 ? atoi(argv[7]) : -1;  // 0 producer, 1 consumer, -1 planned
   constexpr int kWindow = 128;
   const bool csa = !strncmp(kind, "csa", 3), hca = !strcmp(kind, "hca");
   if (!csa && !hca && strcmp(kind, "window")) { printf("unknown kind %s\n", kind); return 2; }
@@ -93,6 +95,7 @@ int main(int argc, char** argv) {
   s.paged_tiles = (kWindow + 63) / 64 + (comp ? (k + 63) / 64 : 0);
   Overrides overrides;
   overrides.split_kv = splits;
+  overrides.mqa512_paged_convert = convert;
   int num_sms = 0;
   CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   const Mqa512Plan plan = mqa512_plan_launch(s, num_sms, overrides);
@@ -115,8 +118,9 @@ int main(int argc, char** argv) {
   auto kernel = mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kPaged>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
   const int grid = (int)plan.grid;
-  printf("# B=%d Hq=%d %s context=%d: %lld work tiles x %d splits, grid %d, %lld key tiles a token\n",
-         B, H, kind, context, (long long)plan.tiles, p.num_splits, grid, (long long)s.paged_tiles);
+  printf("# B=%d Hq=%d %s context=%d: %lld work tiles x %d splits, grid %d, %lld key tiles a token, "
+         "converted by the %s\n", B, H, kind, context, (long long)plan.tiles, p.num_splits, grid,
+         (long long)s.paged_tiles, p.paged_consumer_converts ? "consumers" : "producer");
 #ifdef DSV4_TRACE
   const auto launch = [&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p); };
   const int cta = traced_cta(grid);

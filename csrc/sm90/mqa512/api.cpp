@@ -78,7 +78,10 @@ std::string describe(const Mqa512Plan& plan) {
          " keys=" + (plan.keys == Mqa512Keys::kPaged      ? "paged"
                      : plan.keys == Mqa512Keys::kGathered ? "gathered"
                                                           : "tma") +
-         (plan.narrow_heads > 0 ? " narrow=" + std::to_string(plan.narrow_heads) : "");
+         (plan.narrow_heads > 0 ? " narrow=" + std::to_string(plan.narrow_heads) : "") +
+         (plan.keys == Mqa512Keys::kPaged
+              ? std::string(" convert=") + (plan.paged_consumer_converts ? "consumer" : "producer")
+              : "");
 }
 
 #ifndef DSV4_WITH_CUDA

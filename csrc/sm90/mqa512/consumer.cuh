@@ -12,7 +12,7 @@
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "ptx/wgmma.cuh"
-#include "sm90/kv_cache/dequant.cuh"
+#include "sm90/mqa512/paged_convert.cuh"
 #include "sm90/mqa512/traits.h"
 #include "sm90/mqa512/work.cuh"
 #include "sm90/shared/online_softmax.cuh"
@@ -92,9 +92,9 @@ struct Mqa512Consumer {
   // advanced by one add (smem_desc_advance).
 
   // Half kHalfIdx of S = Q K^T for consumer kWg's tile (issued, not waited on), each 64-column
-  // block as soon as it has landed (fill parity `phase`); a paged block converted first, under
-  // the previous block's wgmmas. Paged: once the other half (the other consumer's P V reads it)
-  // is converted, thread 0 says so on paged_converted.
+  // block as soon as it has landed (fill parity `phase`); a paged block the consumers convert
+  // is converted first, under the previous block's wgmmas, and once the other half (the other
+  // consumer's P V reads it) is, thread 0 says so on paged_converted.
   template <int kWg, int kHalfIdx>
   __device__ __forceinline__ void issue_qk_half(bool overwrite, uint32_t phase) {
     const uint64_t q_desc =
@@ -115,53 +115,30 @@ struct Mqa512Consumer {
       }
     }
     if constexpr (kPaged && kHalfIdx != kWg) {
-      if (tid == 0) ptx::mbarrier_arrive(ptx::smem_addr(&s.paged_converted[kWg]));
+      if (p.paged_consumer_converts && tid == 0) {
+        ptx::mbarrier_arrive(ptx::smem_addr(&s.paged_converted[kWg]));
+      }
     }
   }
 
-  // Paged: block cb of this consumer's stage from the fp8 bytes the producer staged in the
-  // block's upper 4 KB (row r at 4096 + 64 r) times the rows' tile scales, into the swizzled
-  // tile in place, by the warpgroup: thread t converts 16 bytes (part t % 4) of rows t / 4 and
-  // t / 4 + 32. Every thread reads its staged bytes before any writes rows onto them (the
-  // first named barrier); the second orders every thread's fenced writes before the wgmmas.
-  // The bf16 tail (block 7) was copied in place: bf16 needs only the proxy fence, fp16 a
-  // conversion of each thread's own chunks.
+  // Paged, where the consumers convert (plan.h): block cb of this consumer's stage, by the
+  // warpgroup (paged_convert.cuh), its named barrier between the staged bytes' reads and the
+  // rows stored on them, and again after every thread fenced its writes, before the wgmmas.
+  // The bf16 tail (block 7) was copied in place: bf16 needs only the proxy fence.
   template <int kWg>
   __device__ __forceinline__ void convert_paged_block(int cb) {
+    if (!p.paged_consumer_converts) return;
     char* tile = reinterpret_cast<char*>(&s.kv[kWg][cb][0][0]);
     constexpr uint32_t kBar = kPagedBlockConverted + kWg;
     if (cb == kKvTiles) {
-      if constexpr (!std::is_same_v<Element, __nv_bfloat16>) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // 16-byte chunk tid + 128 i of the block's 512
-          uint4* chunk = reinterpret_cast<uint4*>(tile) + tid + 128 * i;
-          *chunk = kv_tail8<Element>(*chunk);
-        }
-      }
+      mqa512_convert_tail_block<Element, 128>(tile, tid);
       ptx::fence_proxy_async_smem();  // the producer's copies (and these writes) to wgmma
       if constexpr (!std::is_same_v<Element, __nv_bfloat16>) ptx::named_barrier_sync(kBar, 128);
       return;
     }
-    const int part = tid % 4, row = tid / 4;
-    uint4 raw[2];
-    uint32_t word[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int r = row + 32 * j;
-      raw[j] = *reinterpret_cast<const uint4*>(tile + T::kBlockBytes / 2 + r * 64 + part * 16);
-      word[j] = s.paged_scale[kWg][cb / kHalf][cb % 2][r];  // block cb's warp: cb % 2
-    }
-    ptx::named_barrier_sync(kBar, 128);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int r = row + 32 * j;
-      uint4 out[2];
-      kv_dequant16<Element>(raw[j], kv_scale_of(static_cast<uint8_t>(word[j] >> (8 * (cb % 4)))),
-                            out);
-      char* dst = tile + r * 128;
-      *reinterpret_cast<uint4*>(dst + (((2 * part) ^ (r % 8)) << 4)) = out[0];
-      *reinterpret_cast<uint4*>(dst + (((2 * part + 1) ^ (r % 8)) << 4)) = out[1];
-    }
+    mqa512_convert_staged_block<Element, 128>(tile, &s.paged_scale[kWg][cb / kHalf][cb % 2][0],
+                                              cb % 4, tid,
+                                              [] { ptx::named_barrier_sync(kBar, 128); });
     ptx::fence_proxy_async_smem();  // these writes to the wgmmas (this and the other consumer's)
     ptx::named_barrier_sync(kBar, 128);
   }
@@ -182,10 +159,10 @@ struct Mqa512Consumer {
       ptx::WgmmaRS<256, Element, 1>::run(o, pfrag[t], ptx::smem_desc_advance(vd, t * 16 * 128), 1);
     }
   }
-  // Before a P V over the other consumer's tile: its half `half` has landed (paged: and that
-  // consumer has converted it).
+  // Before a P V over the other consumer's tile: its half `half` has landed (where the
+  // consumers convert paged blocks: and that consumer has converted it).
   __device__ __forceinline__ void wait_half(int stage, int half, uint32_t phase) const {
-    if constexpr (kPaged) {
+    if (kPaged && p.paged_consumer_converts) {
       ptx::mbarrier_wait(ptx::smem_addr(&s.paged_converted[stage]), phase);
       ptx::fence_proxy_async_smem();
     } else {

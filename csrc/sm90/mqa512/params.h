@@ -79,9 +79,12 @@ struct Mqa512Sm90Params {
   // Paged (dsv4_attention_paged): one batch of T = seqlen_q tokens with no kv rows (use_kv 0)
   // and no compressed tensor; each token's keys are the rows of its window list, then of its
   // compressed list (page_list[0], [1]), 64 slots per tile, gathered from the FP8 pages and
-  // dequantized by the producer (the CSA machinery: csa_slots carries each tile's mask).
+  // dequantized in the kernel (the CSA machinery: csa_slots carries each tile's mask).
   int paged;
   Mqa512PagedList page_list[2];
+  // Paged: 1 when the stage's consumer converts each block the producer staged (plan.h);
+  // 0 when the producer converts it before the block's arrival.
+  int paged_consumer_converts;
   int lse_with_sink;  // 1: lse includes the sink (fmha, dsv4_attention); 0: the keys' only
 };
 

@@ -1,7 +1,7 @@
 // The producer warpgroup of the head_dim-512 kernel (traits.h has the protocol): it decodes each
 // work tile once for everyone, loads Q (and the rows' sinks), and fills the two key stages by
 // TMA, for CSA's listed rows by a cp.async gather, or for a paged call's rows by a cp.async gather
-// of the FP8 records' bytes, which the consumers convert.
+// of the FP8 records' bytes, converted in place by the producer or the stage's consumer.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include "ptx/sync.cuh"
 #include "ptx/tma.cuh"
 #include "sm90/kv_cache/format.h"
+#include "sm90/mqa512/paged_convert.cuh"
 #include "sm90/mqa512/traits.h"
 #include "sm90/mqa512/work.cuh"
 #include "sm90/shared/trace.cuh"
@@ -331,9 +332,12 @@ struct Mqa512Producer {
   // from the FP8 records of list kList's listed slots (-1: zeros): the fp8 bytes staged in each
   // block's upper 4 KB, the bf16 tail (block 7) straight to its place, and each row's scale
   // word. Each lane finds the records of its own rows (lane, lane + 32) once; the copy steps
-  // take each row's record address from its lane. The blocks complete as the copies land, as
-  // gather_blocks' do, so the warp goes on to the next half at once; the stage's consumer
-  // converts them (Mqa512Consumer::convert_paged_block).
+  // take each row's record address from its lane, and every copy is issued by cp.async (no
+  // registers held: all of them in flight at once). Then, where the stage's consumer converts
+  // the blocks (decode, plan.h), they complete as the copies land, as gather_blocks' do, and the
+  // warp goes on to the next half at once. Elsewhere each lane waits for its own copies, the
+  // warp syncs and converts both blocks (paged_convert.cuh), each lane fences the proxies after
+  // its writes, and after a warp sync lane 0 gives each block's one arrival.
   template <int kList>
   __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
     const int cb0 = kHalf * half + sub;
@@ -345,14 +349,35 @@ struct Mqa512Producer {
       issue_paged_fp8<kList, 2>(half, cb0, rows);
     }
     DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, lane == 0);
-    const uint32_t full = kv_full(stage, cb0);
-    ptx::cp_async_mbarrier_arrive(full);
-    ptx::cp_async_mbarrier_arrive(full + 16);  // block cb0 + 2
-    __syncwarp();  // every lane's copies are tracked before lane 0 arrives
-    if (lane == 0) {
-      ptx::mbarrier_arrive(full);
-      ptx::mbarrier_arrive(full + 16);
+    if (p.paged_consumer_converts) {
+      const uint32_t full = kv_full(stage, cb0);
+      ptx::cp_async_mbarrier_arrive(full);
+      ptx::cp_async_mbarrier_arrive(full + 16);  // block cb0 + 2
+      __syncwarp();  // every lane's copies are tracked before lane 0 arrives
+      if (lane == 0) {
+        ptx::mbarrier_arrive(full);
+        ptx::mbarrier_arrive(full + 16);
+      }
+      return;
     }
+    ptx::cp_async_wait_all();
+    __syncwarp();  // the rows are converted by other lanes than copied them
+    DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTracePagedLanded + stage * 2 + half, lane == 0);
+#pragma unroll 1
+    for (int b = 0; b < 2; ++b) {
+      const int cb = cb0 + 2 * b;
+      char* tile = reinterpret_cast<char*>(&s.kv[stage][cb][0][0]);
+      if (cb == kKvTiles) {
+        mqa512_convert_tail_block<Element, 32>(tile, lane);
+      } else {
+        mqa512_convert_staged_block<Element, 32>(tile, &s.paged_scale[stage][half][sub][0], cb % 4,
+                                                 lane, [] { __syncwarp(); });
+      }
+      ptx::fence_proxy_async_smem();  // this lane's writes (stores and waited copies) to wgmma
+      __syncwarp();  // every lane's stores of the block before lane 0's arrival
+      if (lane == 0) ptx::mbarrier_arrive(kv_full(stage, cb));
+    }
+    DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTracePagedConverted + stage * 2 + half, lane == 0);
   }
 
   // A lane's two rows of a paged tile (lane, lane + 32): their slots (-1: not listed), and the

@@ -49,9 +49,11 @@
 //                     expect_tx(8 KB) with the block's TMA box, or, for a gather, lane 0's
 //                     after a __syncwarp, every lane's cp.async.mbarrier.arrive holding the
 //                     phase open until its copies land (the readers then fence the proxies),
-//                     and for a paged gather the same, its fp8 bytes staged in the block's
-//                     upper half -> readers of that block (Q K^T starts on the first block
-//                     that lands; a paged block is converted first, below)
+//                     and for a paged gather either the same, its fp8 bytes staged in the
+//                     block's upper half for the consumer to convert, or (the producer
+//                     converts, plan.h) lane 0's after every lane waited for its copies,
+//                     converted them and fenced the proxies, and the warp synced
+//                     -> readers of that block (Q K^T starts on the first block that lands)
 //   kv_empty[s][h]    half h of stage s is read by consumer s (QK^T) and consumer h (P V):
 //                     128 arrivals when s == h (after consumer s's own P V), else 256
 //                     (consumer s after its QK^T, consumer h after its P V with the other's P)
@@ -62,10 +64,11 @@
 //                     kMax0Ready, kMax1Ready and kP0Ready complete once per pair, i.e. per fill
 //                     of stage 0, kP1Ready once per fill of stage 1: they share those parities.
 //                     kRowSums (256 arrivals, both wait) is double-buffered by work-tile parity.
-//   paged_converted[s] paged only: consumer s converts each block of its tile (fp8 to the
-//                     tile's type, in place) before its Q K^T reads it, and thread 0 arrives
-//                     once the other half (the one consumer 1 - s's P V reads) is converted
-//                     -> consumer 1 - s, before that P V (it shares kv_full's parities)
+//   paged_converted[s] paged, where the consumers convert: consumer s converts each block of
+//                     its tile (fp8 to the tile's type, in place) before its Q K^T reads it,
+//                     and thread 0 arrives once the other half (the one consumer 1 - s's P V
+//                     reads) is converted -> consumer 1 - s, before that P V (it shares
+//                     kv_full's parities)
 //   named barrier kPOwn0Ready: consumer 0's 128 threads stored p_own0 (before its own P V)
 //   named barrier kPagedBlockConverted + s: consumer s's 128 threads read a paged block's
 //                     staged bytes, then wrote and fenced its converted rows

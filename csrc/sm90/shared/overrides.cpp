@@ -57,6 +57,10 @@ Overrides read_overrides() {
   if (const char* v = std::getenv("DSV4_MQA512_NARROW")) {
     o.mqa512_narrow = parse_choice("DSV4_MQA512_NARROW", v, {"0", "1"}, "0 or 1");
   }
+  if (const char* v = std::getenv("DSV4_MQA512_PAGED_CONVERT")) {
+    o.mqa512_paged_convert = parse_choice("DSV4_MQA512_PAGED_CONVERT", v,
+                                          {"producer", "consumer"}, "producer or consumer");
+  }
   if (const char* v = std::getenv("DSV4_CHUNK_SEGMENTS")) {
     o.chunk_segments = parse_int("DSV4_CHUNK_SEGMENTS", v, 1);
   }

@@ -18,6 +18,8 @@ struct Overrides {
   bool mqa512_per_tile_grid = false;  // DSV4_MQA512_GRID=per_tile|persistent (default persistent)
   int mqa512_narrow = -1;        // DSV4_MQA512_NARROW=0|1: CSA at <= 16 heads per KV head in the
                                  // narrow form never, or wherever it fits; -1: planned
+  int mqa512_paged_convert = -1;  // DSV4_MQA512_PAGED_CONVERT=producer|consumer: who converts a
+                                  // paged call's FP8 blocks; -1: planned
   int chunk_segments = 0;        // DSV4_CHUNK_SEGMENTS=N: N segments per sequence (1: unsplit); 0: planned
   int chunk_fused = -1;          // DSV4_CHUNK_FUSED=0|1, unsplit dense delta-rule calls; -1: planned
   bool chunk_warmups = true;     // DSV4_CHUNK_WARMUP=0: every head through the exact combine
