@@ -303,3 +303,39 @@ def test_kernel_out_argument_and_plan():
     assert plan.startswith("sm90 mqa512 tile=1x64"), plan
     odd = new_cache(3, 48, "cuda")  # a page size that is not a power of two
     assert dsv4_attn.dsv4_attention_paged_path(q, odd, ws) == "reference"
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("t,h,wc,w,cc,k,sinks",
+                         [KERNEL_CASES[i] for i in (0, 1, 3, 5)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_converters_agree(gen, monkeypatch, t, h, wc, w, cc, k, sinks, dtype):
+    """The FP8 blocks converted by the producer or by the consumers (the plan picks by work
+    tiles per CTA; DSV4_MQA512_PAGED_CONVERT pins it): the same bytes, bitwise."""
+    q, window_cache, ws, kw = _kernel_case(gen, t, h, wc, w, cc, k, sinks, dtype)
+    got = {}
+    for who in ("producer", "consumer"):
+        monkeypatch.setenv("DSV4_MQA512_PAGED_CONVERT", who)
+        plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws, **kw)
+        assert plan.startswith("sm90 ") and plan.endswith(" convert=" + who), plan
+        poison_allocator(64 << 20, "cuda")
+        got[who] = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, **kw)
+    for a, b in zip(got["producer"], got["consumer"]):
+        assert torch.equal(a, b), "the two converters differ"
+    monkeypatch.setenv("DSV4_MQA512_PAGED_CONVERT", "both")
+    with pytest.raises(RuntimeError, match="DSV4_MQA512_PAGED_CONVERT"):
+        dsv4_attn.dsv4_attention_paged(q, window_cache, ws, **kw)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_kernel_planned_converter():
+    """Decode steps (few work tiles a CTA) have the consumers convert; a long prefill chunk the
+    producer."""
+    gen = torch.Generator().manual_seed(5)
+    for t, who in ((2, "consumer"), (600, "producer")):
+        q, window_cache, ws, kw = _kernel_case(gen, t, 64, (8, 64), 128, (16, 64), 512, "finite",
+                                               torch.bfloat16)
+        plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws, **kw)
+        assert plan.endswith(" convert=" + who), plan
