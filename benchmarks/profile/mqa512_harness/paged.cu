@@ -115,12 +115,14 @@ int main(int argc, char** argv) {
   }
   const CUtensorMap tq = tmap(q, 1, B, H, p.tile_tokens, p.tile_heads);  // (1, T, Hq, 512)
   using T = Mqa512Sm90Traits<__nv_bfloat16>;
-  auto kernel = mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kPaged>;
+  const bool staged = plan.keys == Mqa512Keys::kPagedStaged;
+  auto kernel = staged ? mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kPagedStaged>
+                       : mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kPaged>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
   const int grid = (int)plan.grid;
   printf("# B=%d Hq=%d %s context=%d: %lld work tiles x %d splits, grid %d, %lld key tiles a token, "
          "converted by the %s\n", B, H, kind, context, (long long)plan.tiles, p.num_splits, grid,
-         (long long)s.paged_tiles, p.paged_consumer_converts ? "consumers" : "producer");
+         (long long)s.paged_tiles, staged ? "consumers" : "producer");
 #ifdef DSV4_TRACE
   const auto launch = [&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p); };
   const int cta = traced_cta(grid);

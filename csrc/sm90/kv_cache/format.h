@@ -14,11 +14,7 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define DSV4_HOST_DEVICE __host__ __device__
-#else
-#define DSV4_HOST_DEVICE
-#endif
+#include "sm90/shared/host_device.h"
 
 namespace dsv4 {
 

@@ -75,13 +75,13 @@ std::string describe(const Mqa512Plan& plan) {
   return "mqa512 tile=" + std::to_string(plan.tile_tokens) + "x" + std::to_string(plan.tile_heads) +
          " splits=" + std::to_string(plan.num_splits) +
          " grid=" + (plan.persistent ? "persistent:" : "per_tile:") + std::to_string(plan.grid) +
-         " keys=" + (plan.keys == Mqa512Keys::kPaged      ? "paged"
+         " keys=" + (mqa512_paged_keys(plan.keys)           ? "paged"
                      : plan.keys == Mqa512Keys::kGathered ? "gathered"
                                                           : "tma") +
          (plan.narrow_heads > 0 ? " narrow=" + std::to_string(plan.narrow_heads) : "") +
-         (plan.keys == Mqa512Keys::kPaged
-              ? std::string(" convert=") + (plan.paged_consumer_converts ? "consumer" : "producer")
-              : "");
+         (plan.keys == Mqa512Keys::kPagedStaged ? " convert=consumer"
+          : plan.keys == Mqa512Keys::kPaged     ? " convert=producer"
+                                                : "");
 }
 
 #ifndef DSV4_WITH_CUDA

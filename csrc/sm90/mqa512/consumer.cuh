@@ -23,7 +23,8 @@ namespace dsv4 {
 template <typename Element, Mqa512Keys kKeys>
 struct Mqa512Consumer {
   using T = Mqa512Sm90Traits<Element>;
-  static constexpr bool kPaged = kKeys == Mqa512Keys::kPaged;
+  static constexpr bool kPaged = mqa512_paged_keys(kKeys);
+  static constexpr bool kConvertsPaged = kKeys == Mqa512Keys::kPagedStaged;
   static constexpr int kBlockN = T::kBlockN, kHalf = T::kHalfBlocks;
   using PTile = Element[T::kBlockM][kBlockN];
 
@@ -105,7 +106,7 @@ struct Mqa512Consumer {
     for (int cb = 0; cb < kHalf; ++cb) {
       ptx::mbarrier_wait(kv_full(kWg, kHalf * kHalfIdx + cb), phase);
       if (fence_after_wait()) ptx::fence_proxy_async_smem();
-      if constexpr (kPaged) convert_paged_block<kWg>(kHalf * kHalfIdx + cb);
+      if constexpr (kConvertsPaged) convert_paged_block<kWg>(kHalf * kHalfIdx + cb);
       ptx::wgmma_fence();  // after a spin-wait, or ptxas serializes every wgmma (C7520)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // 16 elements = 32 bytes per k-step
@@ -114,20 +115,17 @@ struct Mqa512Consumer {
         ptx::WgmmaSS<kBlockN, Element>::run(sacc, da, db, overwrite && (cb | kk) == 0 ? 0 : 1);
       }
     }
-    if constexpr (kPaged && kHalfIdx != kWg) {
-      if (p.paged_consumer_converts && tid == 0) {
-        ptx::mbarrier_arrive(ptx::smem_addr(&s.paged_converted[kWg]));
-      }
+    if constexpr (kConvertsPaged && kHalfIdx != kWg) {
+      if (tid == 0) ptx::mbarrier_arrive(ptx::smem_addr(&s.paged_converted[kWg]));
     }
   }
 
-  // Paged, where the consumers convert (plan.h): block cb of this consumer's stage, by the
+  // Paged, where the consumers convert (kPagedStaged): block cb of this consumer's stage, by the
   // warpgroup (paged_convert.cuh), its named barrier between the staged bytes' reads and the
   // rows stored on them, and again after every thread fenced its writes, before the wgmmas.
   // The bf16 tail (block 7) was copied in place: bf16 needs only the proxy fence.
   template <int kWg>
   __device__ __forceinline__ void convert_paged_block(int cb) {
-    if (!p.paged_consumer_converts) return;
     char* tile = reinterpret_cast<char*>(&s.kv[kWg][cb][0][0]);
     constexpr uint32_t kBar = kPagedBlockConverted + kWg;
     if (cb == kKvTiles) {
@@ -162,7 +160,7 @@ struct Mqa512Consumer {
   // Before a P V over the other consumer's tile: its half `half` has landed (where the
   // consumers convert paged blocks: and that consumer has converted it).
   __device__ __forceinline__ void wait_half(int stage, int half, uint32_t phase) const {
-    if (kPaged && p.paged_consumer_converts) {
+    if constexpr (kConvertsPaged) {
       ptx::mbarrier_wait(ptx::smem_addr(&s.paged_converted[stage]), phase);
       ptx::fence_proxy_async_smem();
     } else {

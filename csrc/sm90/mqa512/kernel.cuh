@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
                        const __grid_constant__ CUtensorMap tmap_kv,
                        const __grid_constant__ CUtensorMap tmap_c, const Mqa512Sm90Params p) {
   using T = Mqa512Sm90Traits<Element>;
-  constexpr bool kPaged = kKeys == Mqa512Keys::kPaged;
+  constexpr bool kPaged = mqa512_paged_keys(kKeys);
   // Aligned by offsetting the __shared__ array itself (not through an integer), so the
   // compiler keeps the shared address space: 32-bit LDS/STS instead of generic accesses.
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(smem_raw + smem_align_offset());
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   const int num_work = p.num_work;
   if (threadIdx.x == 0) {
     mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p));
-    if constexpr (kPaged) {
+    if constexpr (kKeys == Mqa512Keys::kPagedStaged) {
       for (int stage = 0; stage < 2; ++stage) {
         ptx::mbarrier_init(ptx::smem_addr(&s.paged_converted[stage]), 1);
       }
@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       // it here instead of spinning in the next try_wait beside it.
       __syncwarp();
       if constexpr (kPaged) {
-        producer.load_paged_tiles(progress, w, seg, range, n);
+        producer.template load_paged_tiles<kKeys == Mqa512Keys::kPagedStaged>(progress, w, seg,
+                                                                              range, n);
       } else {
         producer.load_key_tiles(tmap_kv, tmap_c, progress, w, seg, range, n);
       }

@@ -1,5 +1,5 @@
 // A paged key block's conversion in shared memory, shared by the two roles that may do it (the
-// producer warp that staged it, or the stage's consumer warpgroup; plan.h chooses): the
+// producer warp that staged it, or the stage's consumer warpgroup: Mqa512Keys, plan.h): the
 // float8_e4m3 bytes staged in the block's upper 4 KB (row r at byte 4096 + 64 r) times each
 // row's tile scale, into the block's 128-byte-swizzled rows, in place.
 #pragma once
@@ -51,7 +51,7 @@ __device__ __forceinline__ void mqa512_convert_staged_block(char* tile, const ui
 template <typename Element, int kThreads>
 __device__ __forceinline__ void mqa512_convert_tail_block(char* tile, int t) {
   if constexpr (!std::is_same_v<Element, __nv_bfloat16>) {
-#pragma unroll 4
+#pragma unroll 2
     for (int i = 0; i < 512 / kThreads; ++i) {
       uint4* chunk = reinterpret_cast<uint4*>(tile) + t + kThreads * i;
       *chunk = kv_tail8<Element>(*chunk);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "sm90/shared/host_device.h"
 #include "sm90/shared/varlen_schedule.h"
 
 namespace dsv4 {
@@ -13,9 +14,16 @@ namespace dsv4 {
 // - kGathered: CSA's listed rows too, by a cp.async gather (the window rows by TMA). A gather's
 //   refill takes longer after a release than a box, so consumer 0 frees its half of stage 0
 //   before handing its P over rather than after (consumer.cuh).
-// - kPaged: every row from a paged FP8 cache (dsv4_attention_paged); its own instantiation also
-//   keeps the FP8 conversion's registers off the other calls.
-enum class Mqa512Keys : int { kTma, kGathered, kPaged };
+// - kPaged: every row from a paged FP8 cache (dsv4_attention_paged), gathered by the producer
+//   warps, which also convert each block before it arrives; its own instantiation keeps the
+//   FP8 conversion's registers off the other calls.
+// - kPagedStaged: the same gather, but a block arrives as its staged fp8 bytes and the stage's
+//   consumer converts it (decode steps, plan.h: the producer's copies alone reach a tile
+//   sooner). A runtime switch between the two cost both about 3% (harness).
+enum class Mqa512Keys : int { kTma, kGathered, kPaged, kPagedStaged };
+DSV4_HOST_DEVICE constexpr bool mqa512_paged_keys(Mqa512Keys k) {
+  return k == Mqa512Keys::kPaged || k == Mqa512Keys::kPagedStaged;
+}
 
 // One slot list of a paged call (dsv4_attention_paged) over a paged FP8 cache
 // (sm90/kv_cache/format.h): token t's entries are slots[t * len ...], entry j read iff
@@ -82,9 +90,6 @@ struct Mqa512Sm90Params {
   // dequantized in the kernel (the CSA machinery: csa_slots carries each tile's mask).
   int paged;
   Mqa512PagedList page_list[2];
-  // Paged: 1 when the stage's consumer converts each block the producer staged (plan.h);
-  // 0 when the producer converts it before the block's arrival.
-  int paged_consumer_converts;
   int lse_with_sink;  // 1: lse includes the sink (fmha, dsv4_attention); 0: the keys' only
 };
 

@@ -56,14 +56,13 @@ struct Mqa512Plan {
   int64_t grid = 0;          // CTAs
   Mqa512Keys keys = Mqa512Keys::kTma;  // the kernel's instantiation (params.h)
   int narrow_heads = 0;      // kMqa512NarrowHeads: the narrow form (one token's heads a tile)
-  bool paged_consumer_converts = false;  // paged: the stage's consumer converts the FP8 blocks
 };
 
 // Paged calls of at most this many work tiles a CTA (decode steps) have the consumers convert
-// the FP8 blocks: there the consumers wait for blocks most of the time, and the producer's
-// copies alone reach a tile sooner. Prefill's long walks keep the producer converting, so
-// the consumers' chain stays short (harness, H200: decode 8-13% faster, 8k-token prefill 6-7%
-// slower with the consumers converting; the threshold between is not measured).
+// the FP8 blocks (Mqa512Keys::kPagedStaged): there the consumers wait for blocks most of the
+// time, and the producer's copies alone reach a tile sooner. Longer walks (prefill) keep the
+// producer converting, so the consumers' chain stays short (harness, H200: B = 64 decode steps
+// 4-8% faster, B = 384-1024 level, B = 8192 single-token rows 4-5% slower; docs/mqa512.md).
 constexpr int64_t kMqa512PagedConsumerConvertsWork = 2;
 
 // Why the kernel cannot take a call of this shape, or nullptr (the packing, the work-tile
@@ -144,15 +143,12 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
   plan.persistent = !o.mqa512_per_tile_grid;
   const int64_t work = plan.tiles * plan.num_splits;
   plan.grid = plan.persistent ? std::min<int64_t>(work, num_sms) : work;
-  plan.keys = s.paged_tiles > 0 ? Mqa512Keys::kPaged
+  const bool consumers_convert = o.mqa512_paged_convert == -1
+                                     ? work <= kMqa512PagedConsumerConvertsWork * plan.grid
+                                     : o.mqa512_paged_convert == 1;
+  plan.keys = s.paged_tiles > 0 ? (consumers_convert ? Mqa512Keys::kPagedStaged : Mqa512Keys::kPaged)
               : s.topk_k > 0    ? Mqa512Keys::kGathered
                                 : Mqa512Keys::kTma;
-  if (s.paged_tiles > 0) {
-    plan.paged_consumer_converts =
-        o.mqa512_paged_convert == -1
-            ? work <= kMqa512PagedConsumerConvertsWork * plan.grid
-            : o.mqa512_paged_convert == 1;
-  }
   return plan;
 }
 
@@ -181,7 +177,6 @@ inline Mqa512Sm90Params mqa512_params(const Mqa512Shape& s, const Mqa512Plan& pl
   p.num_splits = plan.num_splits;
   p.paged = s.paged_tiles > 0 ? 1 : 0;
   p.lse_with_sink = p.paged ? 0 : 1;  // dsv4_attention_paged's lse leaves the sink out
-  p.paged_consumer_converts = plan.paged_consumer_converts ? 1 : 0;
   return p;
 }
 

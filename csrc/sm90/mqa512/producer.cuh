@@ -233,7 +233,9 @@ struct Mqa512Producer {
   // Paged: this warp's key tiles of the work tile (r = stage, stage + 2, ... of the split's n):
   // each token's window-list tiles, then its compressed-list tiles (csa_slots carries each
   // tile's visible slots and token, as for CSA). Its own loop, apart from load_key_tiles, so
-  // that neither's registers weigh on the other.
+  // that neither's registers weigh on the other. kStaged: the stage's consumer converts the
+  // blocks (Mqa512Keys::kPagedStaged).
+  template <bool kStaged>
   __device__ __forceinline__ void load_paged_tiles(const Mqa512Progress& progress,
                                                    const Mqa512WorkTile& w,
                                                    const Mqa512KeySegments& seg,
@@ -264,9 +266,9 @@ struct Mqa512Producer {
               make_uint4(valid_lo, valid_hi, uint32_t(token), 0u);
         }
         if (list == 0) {
-          gather_paged_blocks<0>(half, listed_lo, listed_hi);
+          gather_paged_blocks<0, kStaged>(half, listed_lo, listed_hi);
         } else {
-          gather_paged_blocks<1>(half, listed_lo, listed_hi);
+          gather_paged_blocks<1, kStaged>(half, listed_lo, listed_hi);
         }
         __syncwarp();
       }
@@ -334,22 +336,25 @@ struct Mqa512Producer {
   // word. Each lane finds the records of its own rows (lane, lane + 32) once; the copy steps
   // take each row's record address from its lane, and every copy is issued by cp.async (no
   // registers held: all of them in flight at once). Then, where the stage's consumer converts
-  // the blocks (decode, plan.h), they complete as the copies land, as gather_blocks' do, and the
-  // warp goes on to the next half at once. Elsewhere each lane waits for its own copies, the
-  // warp syncs and converts both blocks (paged_convert.cuh), each lane fences the proxies after
-  // its writes, and after a warp sync lane 0 gives each block's one arrival.
-  template <int kList>
+  // the blocks (kStaged), they complete as the copies land, as gather_blocks' do, and the warp
+  // goes on to the next half at once. Elsewhere each lane waits for its own copies, the warp
+  // syncs and converts both blocks (paged_convert.cuh), each lane fences the proxies after its
+  // writes, and after a warp sync lane 0 gives each block's one arrival.
+  template <int kList, bool kStaged>
   __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
     const int cb0 = kHalf * half + sub;
+    // The consumer may still convert half 0 while half 1's scale words land: one buffer a half.
+    // The producer converts a half before it issues the next: one buffer (a register fewer).
+    const int scales = kStaged ? half : 0;
     const PagedRows rows = paged_rows<kList>(listed_lo, listed_hi);
     if (cb0 + 2 == kKvTiles) {  // this warp's second block is the bf16 tail
-      issue_paged_fp8<kList, 1>(half, cb0, rows);
+      issue_paged_fp8<kList, 1>(scales, cb0, rows);
       issue_paged_tail(cb0 + 2, rows);
     } else {
-      issue_paged_fp8<kList, 2>(half, cb0, rows);
+      issue_paged_fp8<kList, 2>(scales, cb0, rows);
     }
     DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, lane == 0);
-    if (p.paged_consumer_converts) {
+    if constexpr (kStaged) {
       const uint32_t full = kv_full(stage, cb0);
       ptx::cp_async_mbarrier_arrive(full);
       ptx::cp_async_mbarrier_arrive(full + 16);  // block cb0 + 2
@@ -370,7 +375,7 @@ struct Mqa512Producer {
       if (cb == kKvTiles) {
         mqa512_convert_tail_block<Element, 32>(tile, lane);
       } else {
-        mqa512_convert_staged_block<Element, 32>(tile, &s.paged_scale[stage][half][sub][0], cb % 4,
+        mqa512_convert_staged_block<Element, 32>(tile, &s.paged_scale[stage][0][sub][0], cb % 4,
                                                  lane, [] { __syncwarp(); });
       }
       ptx::fence_proxy_async_smem();  // this lane's writes (stores and waited copies) to wgmma
@@ -413,9 +418,9 @@ struct Mqa512Producer {
   // The fp8 bytes of kBlocks blocks cb0 (and cb0 + 2), row r at byte 4096 + 64 r of each block
   // (lane 4 q + part copies 16 bytes of rows q + 8 i), all from one record address a row; and
   // each row's scale word (the 4 bytes holding tile cb0's byte, and cb0 + 2's) into
-  // paged_scale[stage][half][sub].
+  // paged_scale[stage][scales][sub].
   template <int kList, int kBlocks>
-  __device__ __forceinline__ void issue_paged_fp8(int half, int cb0, const PagedRows& rows) const {
+  __device__ __forceinline__ void issue_paged_fp8(int scales, int cb0, const PagedRows& rows) const {
     const Mqa512PagedList& l = p.page_list[kList];
     const int part = lane % 4, row_sub = lane / 4;
     const uint32_t staging = ptx::smem_addr(&s.kv[stage][cb0][0][0]) + kPagedStagingOffset;
@@ -433,7 +438,7 @@ struct Mqa512Producer {
         }
         if (part == 0) {
           const int r = max(slot, 0) & ((1 << l.page_shift) - 1);
-          ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][half][sub][row]),
+          ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][scales][sub][row]),
                                 src + ((kKvDataBytes << l.page_shift) -
                                        r * (kKvDataBytes - kKvScaleBytes) + (cb0 & ~3) - cb0 * 64),
                                 slot >= 0);

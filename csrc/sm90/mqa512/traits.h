@@ -50,8 +50,8 @@
 //                     after a __syncwarp, every lane's cp.async.mbarrier.arrive holding the
 //                     phase open until its copies land (the readers then fence the proxies),
 //                     and for a paged gather either the same, its fp8 bytes staged in the
-//                     block's upper half for the consumer to convert, or (the producer
-//                     converts, plan.h) lane 0's after every lane waited for its copies,
+//                     block's upper half for the consumer to convert (kPagedStaged), or
+//                     (kPaged) lane 0's after every lane waited for its copies,
 //                     converted them and fenced the proxies, and the warp synced
 //                     -> readers of that block (Q K^T starts on the first block that lands)
 //   kv_empty[s][h]    half h of stage s is read by consumer s (QK^T) and consumer h (P V):
@@ -64,7 +64,7 @@
 //                     kMax0Ready, kMax1Ready and kP0Ready complete once per pair, i.e. per fill
 //                     of stage 0, kP1Ready once per fill of stage 1: they share those parities.
 //                     kRowSums (256 arrivals, both wait) is double-buffered by work-tile parity.
-//   paged_converted[s] paged, where the consumers convert: consumer s converts each block of
+//   paged_converted[s] kPagedStaged only: consumer s converts each block of
 //                     its tile (fp8 to the tile's type, in place) before its Q K^T reads it,
 //                     and thread 0 arrives once the other half (the one consumer 1 - s's P V
 //                     reads) is converted -> consumer 1 - s, before that P V (it shares
@@ -129,14 +129,14 @@ struct Mqa512Sm90Traits {
     alignas(16) uint32_t csa_slots[2][4];
     // Paged: [stage][half][producer warp of the stage][key row]: the scale word of each
     // gathered row (the 4 bytes holding the UE8M0 bytes of both of the warp's blocks in the
-    // half), read by the consumer that converts the tile.
+    // half), read by whoever converts the tile (kPaged: the producer, half 0's buffer only).
     uint32_t paged_scale[2][2][2][kBlockN];
     uint64_t q_full, q_empty;
     uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
     uint64_t kv_empty[2][2];          // [stage][half of head_dim]
     uint64_t handoff[5];              // [Mqa512Handoff]
     uint64_t tile_full[2], tile_empty[2];  // [tile parity]: the tile ring
-    uint64_t paged_converted[2];           // [stage]: paged only (traits' protocol)
+    uint64_t paged_converted[2];           // [stage]: kPagedStaged only (traits' protocol)
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
