@@ -78,7 +78,7 @@ void mqa512_launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& 
     list_tiles = at::empty({plan.tiles}, pr.q.options().dtype(at::kInt));
     p.list_tiles = list_tiles.data_ptr<int>();
     const auto ctas = static_cast<unsigned>((plan.tiles + kListTilesWarps - 1) / kListTilesWarps);
-    mqa512_list_tiles_kernel<<<ctas, 32 * kListTilesWarps, 0, stream>>>(
+    mqa512_list_tiles_kernel<kListTilesWarps><<<ctas, 32 * kListTilesWarps, 0, stream>>>(
         p, list_tiles.data_ptr<int>(), T::kBlockN);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }

@@ -13,11 +13,13 @@ namespace dsv4 {
 constexpr int kListTilesWarps = 4;
 
 // tiles[t] for every work tile t (split 0 of each): max over its tokens of the tiles up to the
-// last visible slot of the token's list (0 when none is visible).
-__global__ void __launch_bounds__(32 * kListTilesWarps) mqa512_list_tiles_kernel(
+// last visible slot of the token's list (0 when none is visible). A template (kWarps =
+// kListTilesWarps), so that every launch file may include it.
+template <int kWarps>
+__global__ void __launch_bounds__(32 * kWarps) mqa512_list_tiles_kernel(
     const __grid_constant__ Mqa512Sm90Params p, int* tiles, int block_n) {
   const int lane = threadIdx.x % 32;
-  const int work = blockIdx.x * kListTilesWarps + threadIdx.x / 32;
+  const int work = blockIdx.x * kWarps + threadIdx.x / 32;
   if (work * p.num_splits >= p.num_work) return;
   const Mqa512WorkTile w = mqa512_decode_tile(p, work * p.num_splits);
   const KeyTiles kt = visible_key_tiles(w.shape, w.tok0, p.tile_tokens, block_n);
