@@ -317,7 +317,8 @@ def test_kernel_converters_agree(gen, monkeypatch, t, h, wc, w, cc, k, sinks, dt
     got = {}
     for who in ("producer", "consumer"):
         monkeypatch.setenv("DSV4_MQA512_PAGED_CONVERT", who)
-        plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws, **kw)
+        plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws,
+                                     out=torch.empty_like(q), **kw)
         assert plan.startswith("sm90 ") and plan.endswith(" convert=" + who), plan
         poison_allocator(64 << 20, "cuda")
         got[who] = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, **kw)
@@ -337,5 +338,6 @@ def test_kernel_planned_converter():
     for t, who in ((2, "consumer"), (600, "producer")):
         q, window_cache, ws, kw = _kernel_case(gen, t, 64, (8, 64), 128, (16, 64), 512, "finite",
                                                torch.bfloat16)
-        plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws, **kw)
+        plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws,
+                                     out=torch.empty_like(q), **kw)
         assert plan.endswith(" convert=" + who), plan
