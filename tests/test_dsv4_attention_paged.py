@@ -332,12 +332,18 @@ def test_kernel_converters_agree(gen, monkeypatch, t, h, wc, w, cc, k, sinks, dt
 @pytest.mark.gpu
 @needs_sm90
 def test_kernel_planned_converter():
-    """Decode steps (few work tiles a CTA) have the consumers convert; a long prefill chunk the
-    producer."""
+    """The consumers convert in unsplit calls of at most two work tiles an SM (a decode step
+    at 128 heads), the producer elsewhere: split decode steps, long prefill chunks."""
     gen = torch.Generator().manual_seed(5)
-    for t, who in ((2, "consumer"), (600, "producer")):
-        q, window_cache, ws, kw = _kernel_case(gen, t, 64, (8, 64), 128, (16, 64), 512, "finite",
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for t, h in ((64, 128), (2, 64), (600, 64)):
+        q, window_cache, ws, kw = _kernel_case(gen, t, h, (8, 64), 128, (16, 64), 512, "finite",
                                                torch.bfloat16)
         plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws,
                                      out=torch.empty_like(q), **kw)
+        splits = int(plan.split(" splits=")[1].split()[0])
+        work = t * (h // 64) * splits
+        who = "consumer" if splits == 1 and work <= 2 * sms else "producer"
         assert plan.endswith(" convert=" + who), plan
+        if (t, h) == (64, 128):
+            assert who == "consumer", plan  # the case the test is for: one work tile an SM

@@ -18,8 +18,8 @@ namespace dsv4 {
 //   warps, which also convert each block before it arrives; its own instantiation keeps the
 //   FP8 conversion's registers off the other calls.
 // - kPagedStaged: the same gather, but a block arrives as its staged fp8 bytes and the stage's
-//   consumer converts it (decode steps, plan.h: the producer's copies alone reach a tile
-//   sooner). A runtime switch between the two cost both about 3% (harness).
+//   consumer converts it (unsplit decode steps, plan.h: the producer's copies alone reach a
+//   tile sooner). A runtime switch between the two cost both about 3% (harness).
 enum class Mqa512Keys : int { kTma, kGathered, kPaged, kPagedStaged };
 DSV4_HOST_DEVICE constexpr bool mqa512_paged_keys(Mqa512Keys k) {
   return k == Mqa512Keys::kPaged || k == Mqa512Keys::kPagedStaged;

@@ -58,11 +58,11 @@ struct Mqa512Plan {
   int narrow_heads = 0;      // kMqa512NarrowHeads: the narrow form (one token's heads a tile)
 };
 
-// Paged calls of at most this many work tiles a CTA (decode steps) have the consumers convert
-// the FP8 blocks (Mqa512Keys::kPagedStaged): there the consumers wait for blocks most of the
-// time, and the producer's copies alone reach a tile sooner. Longer walks (prefill) keep the
-// producer converting, so the consumers' chain stays short (harness, H200: B = 64 decode steps
-// 4-8% faster, B = 384-1024 level, B = 8192 single-token rows 4-5% slower; docs/mqa512.md).
+// Unsplit paged calls of at most this many work tiles a CTA (decode steps) have the consumers
+// convert the FP8 blocks (Mqa512Keys::kPagedStaged): there the consumers wait for blocks most
+// of the time, and the producer's copies alone reach a tile sooner. Longer walks (prefill) keep
+// the producer converting, so the consumers' chain stays short; so do split calls, whose
+// graphed steps were slower with the consumers converting (docs/mqa512.md: "Paged mode").
 constexpr int64_t kMqa512PagedConsumerConvertsWork = 2;
 
 // Why the kernel cannot take a call of this shape, or nullptr (the packing, the work-tile
@@ -143,9 +143,10 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
   plan.persistent = !o.mqa512_per_tile_grid;
   const int64_t work = plan.tiles * plan.num_splits;
   plan.grid = plan.persistent ? std::min<int64_t>(work, num_sms) : work;
-  const bool consumers_convert = o.mqa512_paged_convert == -1
-                                     ? work <= kMqa512PagedConsumerConvertsWork * plan.grid
-                                     : o.mqa512_paged_convert == 1;
+  const bool consumers_convert =
+      o.mqa512_paged_convert == -1
+          ? plan.num_splits == 1 && work <= kMqa512PagedConsumerConvertsWork * plan.grid
+          : o.mqa512_paged_convert == 1;
   plan.keys = s.paged_tiles > 0 ? (consumers_convert ? Mqa512Keys::kPagedStaged : Mqa512Keys::kPaged)
               : s.topk_k > 0    ? Mqa512Keys::kGathered
                                 : Mqa512Keys::kTma;
