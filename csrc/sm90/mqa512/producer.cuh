@@ -50,6 +50,7 @@ struct Mqa512Producer {
   // and how many of a stage's tiles ahead the L2 prefetches run (3: 132 CTAs x 6 tiles x 37 KB
   // stay well inside L2).
   static constexpr uint32_t kPagedStagingOffset = T::kBlockBytes / 2;
+  static_assert(kPagedStagingOffset == 64 * 64, "paged_convert.cuh reads row r at 4096 + 64 r");
   static constexpr int kPagedAhead = 3;
 
   typename T::SharedStorage& s;
