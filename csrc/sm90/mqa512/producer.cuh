@@ -356,14 +356,7 @@ struct Mqa512Producer {
     }
     DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, lane == 0);
     if constexpr (kStaged) {
-      const uint32_t full = kv_full(stage, cb0);
-      ptx::cp_async_mbarrier_arrive(full);
-      ptx::cp_async_mbarrier_arrive(full + 16);  // block cb0 + 2
-      __syncwarp();  // every lane's copies are tracked before lane 0 arrives
-      if (lane == 0) {
-        ptx::mbarrier_arrive(full);
-        ptx::mbarrier_arrive(full + 16);
-      }
+      complete_on_landing(kv_full(stage, cb0));
       return;
     }
     ptx::cp_async_wait_all();
@@ -489,12 +482,16 @@ struct Mqa512Producer {
                                        src_row);
     }
     // The blocks complete as the copies land, without waiting here, so the next half's copies
-    // go out at once: every lane holds both blocks' phases open until its own copies have
-    // landed, then lane 0 gives the one arrival each barrier counts. (The consumers fence the
-    // proxies before their wgmmas read the tile.)
-    const uint32_t full = ptx::smem_addr(&s.kv_full[slot.full_set][cb]);
+    // go out at once. (The consumers fence the proxies before their wgmmas read the tile.)
+    complete_on_landing(ptx::smem_addr(&s.kv_full[slot.full_set][cb]));
+  }
+
+  // A warp's two blocks (kv_full barriers `full` and `full + 16`: blocks cb and cb + 2) complete
+  // as its copies land: every lane holds both phases open until its own cp.async copies have
+  // landed, then lane 0 gives the one arrival each barrier counts.
+  __device__ __forceinline__ void complete_on_landing(uint32_t full) const {
     ptx::cp_async_mbarrier_arrive(full);
-    ptx::cp_async_mbarrier_arrive(full + 16);  // block cb + 2
+    ptx::cp_async_mbarrier_arrive(full + 16);
     __syncwarp();  // every lane's copies are tracked before lane 0 arrives
     if (lane == 0) {
       ptx::mbarrier_arrive(full);
