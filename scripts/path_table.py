@@ -118,7 +118,7 @@ def cases():
                                                   (t(65536, 512), cache, slots), {})
     yield "64k rows as bf16", ("kv_cache_gather_fp8", (cache, slots, torch.bfloat16), {})
     yield "64k rows as fp32", ("kv_cache_gather_fp8", (cache, slots, torch.float32), {})
-    for heads in (64, 128):
+    for heads in (16, 64, 128):
         yield f"decode: B = 64, {heads} heads, window 128 + top-512 from FP8 pages", (
             "dsv4_attention_paged",
             (t(64, heads, 512), cache, torch.empty(64, 128, dtype=torch.int32)),

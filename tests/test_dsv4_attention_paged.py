@@ -251,6 +251,7 @@ KERNEL_CASES = [
     pytest.param(300, 64, (8, 64), 128, (16, 64), 512, "finite", id="chunk300-h64"),
     pytest.param(70, 2, (8, 64), 64, (16, 64), 96, "finite", id="chunk70-h2"),
     pytest.param(6, 64, (2, 64), 0, (8, 64), 200, "finite", id="no-window-entries"),
+    pytest.param(200, 16, (8, 64), 128, (16, 64), 256, "finite", id="chunk200-h16-packed"),
 ]
 
 
@@ -331,19 +332,76 @@ def test_kernel_converters_agree(gen, monkeypatch, t, h, wc, w, cc, k, sinks, dt
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("t,h,w,k,sinks", [(3, 64, 128, 512, "finite"), (6, 32, 128, 300, "inf"),
+                                           (2, 128, 128, 512, None), (140, 16, 64, 0, "finite"),
+                                           (4, 64, 0, 128, "finite")])
+def test_kernel_split_merge(gen, monkeypatch, t, h, w, k, sinks):
+    """Two splits joined inside a cluster of two CTAs (the plan's choice wherever it fits) or by
+    the combine kernel (DSV4_MQA512_SPLIT_MERGE): each against the float64 oracle (on at most 8
+    tokens), and the two close to each other; the cluster's result bitwise deterministic.
+    Lengths below the lists may leave a split with no key (the last case: two list tiles a
+    token, one a split); at 140 tokens of 16 heads a tile packs four tokens, split between
+    them."""
+    q, window_cache, ws, kw = _kernel_case(gen, t, h, (4, 64), w, (16, 64) if k else None, k,
+                                           sinks, torch.bfloat16)
+    splits = "2"
+    monkeypatch.setenv("DSV4_SPLIT_KV", splits)
+    m = min(t, 8)
+    part = {key: (v[:m] if key in ("window_lengths", "compressed_slots", "compressed_lengths")
+                  and v is not None else v) for key, v in kw.items()}
+    want_out, want_lse = ref.dsv4_attention_paged(q[:m], window_cache, ws[:m], **part)
+    got = {}
+    for merge in ("combine", "cluster"):
+        monkeypatch.setenv("DSV4_MQA512_SPLIT_MERGE", merge)
+        plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws,
+                                     out=torch.empty_like(q), **kw)
+        assert f" splits={splits} merge={merge} " in plan, plan
+        poison_allocator(64 << 20, "cuda")
+        got[merge] = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, **kw)
+        assert_close_to_ref(got[merge][0][:m], want_out, torch.bfloat16, what=f"out ({merge})")
+        assert_lse_close(got[merge][1][:, :m], want_lse, atol=2e-3, what=f"lse ({merge})")
+    again = dsv4_attn.dsv4_attention_paged(q, window_cache, ws, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(got["cluster"], again)), "not deterministic"
+    torch.testing.assert_close(got["cluster"][0], got["combine"][0], atol=2e-2, rtol=0)
+    torch.testing.assert_close(got["cluster"][1], got["combine"][1], atol=1e-3, rtol=0)
+    monkeypatch.setenv("DSV4_MQA512_SPLIT_MERGE", "both")
+    with pytest.raises(RuntimeError, match="DSV4_MQA512_SPLIT_MERGE"):
+        dsv4_attn.dsv4_attention_paged(q, window_cache, ws, **kw)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_kernel_planned_tiles():
+    """Below 64 heads a decode step takes one token a tile (the rows past its heads padding)
+    where those tiles fill the SMs at most once; longer calls pack 64 / Hq tokens a tile."""
+    gen = torch.Generator().manual_seed(6)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for t, h in ((64, 32), (64, 8), (sms, 16), (sms + 1, 16), (300, 2)):
+        q, window_cache, ws, kw = _kernel_case(gen, t, h, (8, 64), 128, (16, 64), 512, "finite",
+                                               torch.bfloat16)
+        plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws,
+                                     out=torch.empty_like(q), **kw)
+        tile = f"1x{h}" if t <= sms else f"{64 // h}x{h}"
+        assert f" tile={tile} " in plan, plan
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_kernel_planned_converter():
-    """The consumers convert in unsplit calls of at most two work tiles an SM (a decode step
-    at 128 heads), the producer elsewhere: split decode steps, long prefill chunks."""
+    """The consumers convert in calls of at most two work tiles an SM that write no partials
+    (a decode step at 128 heads; at 64, split in two and merged in clusters), the producer
+    elsewhere: split steps with the combine, long prefill chunks."""
     gen = torch.Generator().manual_seed(5)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for t, h in ((64, 128), (2, 64), (600, 64)):
+    for t, h in ((64, 128), (64, 64), (2, 64), (600, 64)):
         q, window_cache, ws, kw = _kernel_case(gen, t, h, (8, 64), 128, (16, 64), 512, "finite",
                                                torch.bfloat16)
         plan = dsv4_attn.launch_plan("dsv4_attention_paged", q, window_cache, ws,
                                      out=torch.empty_like(q), **kw)
         splits = int(plan.split(" splits=")[1].split()[0])
         work = t * (h // 64) * splits
-        who = "consumer" if splits == 1 and work <= 2 * sms else "producer"
+        whole = splits == 1 or " merge=cluster " in plan  # no partials
+        who = "consumer" if whole and work <= 2 * sms else "producer"
         assert plan.endswith(" convert=" + who), plan
-        if (t, h) == (64, 128):
-            assert who == "consumer", plan  # the case the test is for: one work tile an SM
+        if (t, h) in ((64, 128), (64, 64)):
+            assert who == "consumer", plan  # the cases the test is for: one work tile an SM

@@ -144,15 +144,24 @@ def test_fmha512_cuda_graph_decode_step():
         assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
 
 
-@pytest.mark.parametrize("splits", ["1", "5"])
+@pytest.mark.parametrize("splits,merge", [("1", "cluster"), ("5", "cluster"), ("2", "combine"),
+                                          ("2", "cluster"), ("4", "cluster")])
 @pytest.mark.parametrize("sq,sk,hq", [(1, 1500, 128), (2, 777, 64), (4, 300, 8)])
-def test_fmha512_split_kv_decode(monkeypatch, splits, sq, sk, hq):
-    """The key range cut across CTAs (forced through DSV4_SPLIT_KV) and combined: oracle
-    parity, sinks folded in once, and bitwise determinism."""
+def test_fmha512_split_kv_decode(monkeypatch, splits, merge, sq, sk, hq):
+    """The key range cut across CTAs (forced through DSV4_SPLIT_KV) and joined again, by the
+    combine kernel or, two splits, inside a cluster of two CTAs (DSV4_MQA512_SPLIT_MERGE; the
+    plan merges in clusters wherever it fits): oracle parity, sinks folded in once, and bitwise
+    determinism."""
     monkeypatch.setenv("DSV4_SPLIT_KV", splits)
-    check_case(2, sq, sk, hq, 1, D, True, -1, True, layout="k_is_v", seed=int(splits) + sq)
+    monkeypatch.setenv("DSV4_MQA512_SPLIT_MERGE", merge)
     gen = torch.Generator(device="cuda").manual_seed(3)
     q, k, _ = make_inputs(2, sq, sk, hq, 1, D, torch.bfloat16, "k_is_v", gen)
+    plan = dsv4_attn.launch_plan("fmha", q, k, k, causal=True)
+    n = int(plan.split(" splits=")[1].split()[0])  # DSV4_SPLIT_KV capped by the key tiles
+    if n > 1:
+        want = "cluster" if merge == "cluster" and n == 2 else "combine"
+        assert f" splits={n} merge={want} " in plan, plan
+    check_case(2, sq, sk, hq, 1, D, True, -1, True, layout="k_is_v", seed=int(splits) + sq)
     sinks = torch.randn(hq, generator=gen, device="cuda")
     a = dsv4_attn.fmha(q, k, k, causal=True, sinks=sinks, return_lse=True)
     b = dsv4_attn.fmha(q, k, k, causal=True, sinks=sinks, return_lse=True)

@@ -5,8 +5,9 @@
 // cache at `context` tokens, pages of 64) or hca (every closed row of a 128x one, pages of 2).
 //   bin/paged_bench B Hq kind [context 32768] [splits 0: planned] [reps 50]
 //                   [convert -1: planned, 0: the producer converts, 1: the consumers]
-//     -> the main kernel's median µs (no combine kernel: with splits > 1 its partials are
-//        written and not combined)
+//                   [merge -1: planned, 0: the splits write partials, 1: they merge in clusters]
+//     -> the main kernel's median µs (no combine kernel: with splits > 1 merged in clusters
+//        where the plan says so, else its partials are written and not combined)
 //   bin/paged_trace B Hq kind [context] [splits] > t.txt; python3 analyze.py t.txt paged
 //     -> CTA 0's producer and consumer events, tile by tile (DSV4_TRACE_CTA=N: CTA N)
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "sm90/kv_cache/format.h"
 #include "sm90/mqa512/kernel.cuh"
 #include "sm90/mqa512/plan.h"
+#include "sm90/shared/queue_kernel.h"
 #include "common.cuh"
 using namespace dsv4;
 
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
   const int context = argc > 4 ? atoi(argv[4]) : 32768, splits = argc > 5 ? atoi(argv[5]) : 0;
   const int reps = argc > 6 ? atoi(argv[6]) : 50;
   const int convert = argc > 7 ? atoi(argv[7]) : -1;  // 0 producer, 1 consumer, -1 planned
+  const int merge = argc > 8 ? atoi(argv[8]) : -1;    // 0 partials, 1 clusters, -1 planned
   constexpr int kWindow = 128;
   const bool csa = !strncmp(kind, "csa", 3), hca = !strcmp(kind, "hca");
   if (!csa && !hca && strcmp(kind, "window")) { printf("unknown kind %s\n", kind); return 2; }
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
   Overrides overrides;
   overrides.split_kv = splits;
   overrides.mqa512_paged_convert = convert;
+  overrides.mqa512_split_merge = merge;
   int num_sms = 0;
   CK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   const Mqa512Plan plan = mqa512_plan_launch(s, num_sms, overrides);
@@ -108,7 +112,7 @@ int main(int argc, char** argv) {
   p.out = out; p.lse = lse; p.sinks = sinks;
   p.page_list[0] = window.list(d_ws, kWindow);
   if (comp) p.page_list[1] = comp->list(d_cs, k);
-  if (p.num_splits > 1) {
+  if (p.num_splits > 1 && !plan.cluster_merge) {
     const size_t rows = (size_t)B * H;
     CK(cudaMalloc(&partial, p.num_splits * rows * (512 + 1) * 4));
     p.o_partial = partial; p.lse_partial = partial + p.num_splits * rows * 512;
@@ -120,24 +124,42 @@ int main(int argc, char** argv) {
                        : mqa512_sm90_kernel<__nv_bfloat16, Mqa512Keys::kPaged>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes));
   const int grid = (int)plan.grid;
-  printf("# B=%d Hq=%d %s context=%d: %lld work tiles x %d splits, grid %d, %lld key tiles a token, "
-         "converted by the %s\n", B, H, kind, context, (long long)plan.tiles, p.num_splits, grid,
-         (long long)s.paged_tiles, staged ? "consumers" : "producer");
+  printf("# B=%d Hq=%d %s context=%d: %lld work tiles x %d splits (%s), grid %d, %lld key tiles "
+         "a token, converted by the %s\n", B, H, kind, context, (long long)plan.tiles, p.num_splits,
+         plan.cluster_merge ? "merged in clusters" : "partials", grid, (long long)s.paged_tiles,
+         staged ? "consumers" : "producer");
+  const unsigned cluster = plan.cluster_merge ? p.num_splits : 1;
+  for (unsigned size = 2; size <= 8; size *= 2) {  // how many clusters of this kernel fit at once
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(size * 16);
+    config.blockDim = dim3(T::kThreads);
+    config.dynamicSmemBytes = T::kSmemBytes;
+    cudaLaunchAttribute dims;
+    dims.id = cudaLaunchAttributeClusterDimension;
+    dims.val.clusterDim = {size, 1, 1};
+    config.attrs = &dims;
+    config.numAttrs = 1;
+    int clusters = 0;
+    CK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    printf("# clusters of %u CTAs resident at once: %d (%d CTAs)\n", size, clusters, clusters * size);
+  }
+  const auto launch = [&] {
+    CK(queue_cluster_kernel(kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, 0, cluster, tq,
+                            tq, tq, p));
+  };
 #ifdef DSV4_TRACE
-  const auto launch = [&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p); };
   const int cta = traced_cta(grid);
   launch();  // a warm launch, untraced (the trace buffer is not armed yet)
   CK(cudaDeviceSynchronize());
   trace_launch(cta, launch);
 #else
-  std::vector<float> us =
-      time_launches([&] { kernel<<<grid, T::kThreads, T::kSmemBytes>>>(tq, tq, tq, p); }, reps);
+  std::vector<float> us = time_launches(launch, reps);
   for (float& t : us) t *= 1000.f;
   // FNV-1a of what the kernel wrote (out and lse, or a split's partials and their lse): two
   // builds of the kernel that must agree bitwise print the same hash.
   const size_t rows = (size_t)B * H;
   const unsigned long long hash =
-      p.num_splits > 1 ? fnv1a_device(partial, p.num_splits * rows * (512 + 1) * 4)
+      partial ? fnv1a_device(partial, p.num_splits * rows * (512 + 1) * 4)
                        : fnv1a_device(lse, rows * 4, fnv1a_device(out, rows * 512 * 2));
   printf("paged B=%d Hq=%d %s splits=%d: main kernel median %.1f us (min %.1f), output hash %016llx\n",
          B, H, kind, p.num_splits, us[reps / 2], us[0], hash);

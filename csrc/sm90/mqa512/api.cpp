@@ -74,6 +74,7 @@ Route<Mqa512Plan> route_mqa512(const Mqa512Problem& pr, const DeviceFacts& devic
 std::string describe(const Mqa512Plan& plan) {
   return "mqa512 tile=" + std::to_string(plan.tile_tokens) + "x" + std::to_string(plan.tile_heads) +
          " splits=" + std::to_string(plan.num_splits) +
+         (plan.num_splits > 1 ? (plan.cluster_merge ? " merge=cluster" : " merge=combine") : "") +
          " grid=" + (plan.persistent ? "persistent:" : "per_tile:") + std::to_string(plan.grid) +
          " keys=" + (mqa512_paged_keys(plan.keys)           ? "paged"
                      : plan.keys == Mqa512Keys::kGathered ? "gathered"

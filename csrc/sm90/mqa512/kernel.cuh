@@ -9,7 +9,8 @@
 // slots per tile; a slot is visible iff its index is closed).
 // Split-KV: when the work tiles cannot fill the SMs, each is cut into num_splits ranges of its
 // key tiles (work = tile * num_splits + split); a split writes fp32 partial rows and their lse,
-// and the combine kernel (csrc/sm90/shared/split_kv_combine.cuh) folds in the sink.
+// and the combine kernel (csrc/sm90/shared/split_kv_combine.cuh) folds in the sink; or, launched
+// as clusters of two CTAs (split_merge), two splits merge in shared memory (split_merge.cuh).
 // Masking: key tiles no row can see are never loaded; only boundary tiles are masked, per
 // element, from each row's token position (csrc/sm90/shared/key_range.cuh). Rows that see
 // nothing end with out = 0 and lse = -inf, or the sink-only value with a sink.
@@ -21,6 +22,7 @@
 
 #include <cstdint>
 
+#include "ptx/cluster.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
 #include "sm90/mqa512/consumer.cuh"
@@ -47,8 +49,14 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   auto& s = *reinterpret_cast<typename T::SharedStorage*>(smem_raw + smem_align_offset());
   static_assert(sizeof(Mqa512TileInfo) <= sizeof(s.tile_ring[0]), "tile_ring too small");
   const int num_work = p.num_work;
+  if (p.tile_tokens * p.tile_heads < T::kBlockM) {  // padded tiles: Q's rows past them read 0
+    for (int i = threadIdx.x; i < int(sizeof(s.q) / 16); i += T::kThreads) {
+      reinterpret_cast<uint4*>(&s.q[0][0][0])[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    ptx::fence_proxy_async_smem();
+  }
   if (threadIdx.x == 0) {
-    mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p));
+    mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p), p.split_merge > 1);
     if constexpr (kKeys == Mqa512Keys::kPagedStaged) {
       for (int stage = 0; stage < 2; ++stage) {
         ptx::mbarrier_init(ptx::smem_addr(&s.paged_converted[stage]), 1);
@@ -59,7 +67,11 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   // A split call's combine follows by programmatic dependent launch: it may take the SMs this
   // grid leaves from now on, and waits for this grid's partials itself.
   ptx::griddep_launch_dependents();
-  __syncthreads();
+  if (p.split_merge > 1) {
+    ptx::cluster_sync();  // the other CTA's merge barriers are initialised before any arrival
+  } else {
+    __syncthreads();
+  }
 
   if (threadIdx.x / 128 == 0) {
     ptx::setmaxnreg_dec<kPaged ? T::kPagedProducerRegs : T::kProducerRegs>();

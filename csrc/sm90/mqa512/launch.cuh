@@ -10,6 +10,7 @@
 #include "sm90/mqa512/kernel.cuh"
 #include "sm90/mqa512/list_tiles.cuh"
 #include "sm90/shared/host.h"
+#include "sm90/shared/queue_kernel.h"
 #include "sm90/shared/split_kv_combine.cuh"
 
 namespace dsv4 {
@@ -61,7 +62,7 @@ void mqa512_launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& 
     p.varlen_compressed = schedule.rows_c;
   }
   at::Tensor split_workspace;  // split-KV partials, alive until the combine is queued
-  if (p.num_splits > 1) {
+  if (p.num_splits > 1 && !plan.cluster_merge) {
     const int64_t rows = int64_t(p.batch) * p.seqlen_q * p.heads_q;
     split_workspace = split_kv_workspace(p.num_splits, rows, T::kHeadDim, pr.q);
     p.o_partial = split_workspace.data_ptr<float>();
@@ -96,6 +97,12 @@ void mqa512_launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& 
     }
   }
   allow_dynamic_smem<kernel>(pr.q.get_device(), T::kSmemBytes);
+  if (plan.cluster_merge) {  // the splits merge in the cluster: no combine
+    C10_CUDA_CHECK(queue_cluster_kernel(kernel, dim3(static_cast<unsigned>(plan.grid)),
+                                        dim3(T::kThreads), T::kSmemBytes, stream,
+                                        static_cast<unsigned>(plan.num_splits), tq, tkv, tc, p));
+    return;
+  }
   kernel<<<static_cast<unsigned>(plan.grid), T::kThreads, T::kSmemBytes, stream>>>(tq, tkv, tc, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_splits > 1) {

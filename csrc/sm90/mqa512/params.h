@@ -49,7 +49,8 @@ struct Mqa512Sm90Params {
   int heads_q, heads_kv;
   int group;           // Hq / Hkv: query head h reads KV head h / group
   // A 64-row tile packs tile_tokens tokens x tile_heads query heads of one KV head
-  // (row = head * tile_tokens + token); head_blocks tiles cover a group's heads.
+  // (row = head * tile_tokens + token); head_blocks tiles cover a group's heads. A paged decode
+  // tile below 64 heads holds one token's heads, the rows past them padding (plan.h).
   int tile_tokens, tile_heads, head_blocks;
   int num_m_blocks;    // dense: ceil(Sq / tile_tokens); varlen: the schedule's slots
   int num_work;        // num_m_blocks * head_blocks * heads_kv * batch * num_splits
@@ -84,6 +85,10 @@ struct Mqa512Sm90Params {
   int num_splits;
   float* o_partial;
   float* lse_partial;
+  // split_merge = 2 instead (num_splits 2): each work tile's two splits run as one cluster of
+  // two CTAs, one work tile a CTA, and merge their rows through distributed shared memory
+  // (split_merge.cuh): no partials, no combine kernel. 0: the partials and the combine.
+  int split_merge;
   // Paged (dsv4_attention_paged): one batch of T = seqlen_q tokens with no kv rows (use_kv 0)
   // and no compressed tensor; each token's keys are the rows of its window list, then of its
   // compressed list (page_list[0], [1]), 64 slots per tile, gathered from the FP8 pages and

@@ -56,13 +56,25 @@ struct Mqa512Plan {
   int64_t grid = 0;          // CTAs
   Mqa512Keys keys = Mqa512Keys::kTma;  // the kernel's instantiation (params.h)
   int narrow_heads = 0;      // kMqa512NarrowHeads: the narrow form (one token's heads a tile)
+  bool cluster_merge = false;  // the splits merge in a cluster (params.h: split_merge)
 };
 
-// Unsplit paged calls of at most this many work tiles a CTA (decode steps) have the consumers
-// convert the FP8 blocks (Mqa512Keys::kPagedStaged): there the consumers wait for blocks most
-// of the time, and the producer's copies alone reach a tile sooner. Longer walks (prefill) keep
-// the producer converting, so the consumers' chain stays short; so do split calls, whose
-// graphed steps were slower with the consumers converting (docs/mqa512.md: "Paged mode").
+// A split call's two splits merge in a cluster of two CTAs (split_merge.cuh) where each CTA
+// holds one work tile's split (work <= grid). bench_dsv4's graphed paged decode steps, B = 64,
+// Hq 64 (H200): CSA top-512 44.5 -> 32.5 us, top-1024 63.0 -> 53.5, HCA 32.5 -> 24.5. Clusters
+// of four and eight splits (Hq 32 and 16) were slower than the combine: 41.5 -> 65.5 and
+// 42.2 -> 72.5 us.
+inline bool mqa512_cluster_merge_fits(const Mqa512Plan& plan) {
+  return plan.num_splits == 2 && plan.tiles * 2 <= plan.grid;
+}
+
+// Paged calls of at most this many work tiles a CTA (decode steps) that write no partials
+// (unsplit, or split in two and merged in clusters) have the consumers convert the FP8 blocks
+// (Mqa512Keys::kPagedStaged): there the consumers wait for blocks most of the time, and the
+// producer's copies alone reach a tile sooner. Longer walks (prefill) keep the producer
+// converting, so the consumers' chain stays short; so do steps with the split-KV combine,
+// whose graphed steps were slower with the consumers converting (docs/mqa512.md: "Paged
+// mode").
 constexpr int64_t kMqa512PagedConsumerConvertsWork = 2;
 
 // Why the kernel cannot take a call of this shape, or nullptr (the packing, the work-tile
@@ -91,6 +103,13 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
   const int64_t group = s.heads_q / s.heads_kv;
   plan.tile_heads = static_cast<int>(std::min<int64_t>(group, kMqa512Rows));
   plan.tile_tokens = kMqa512Rows / plan.tile_heads;
+  // A paged decode step below 64 heads takes one token a tile, its rows past the heads padding
+  // (loaded as zeros, never stored), where those tiles fill the SMs at most once: a tile of
+  // several tokens walks each token's lists in turn, so packing saves no reads there, and one
+  // token a tile halves the splits (Hq 32: two, merged in a cluster, instead of four).
+  if (s.paged_tiles > 0 && group < kMqa512Rows && s.seqlen_q * s.heads_kv <= num_sms) {
+    plan.tile_tokens = 1;
+  }
   plan.head_blocks = static_cast<int>(group / plan.tile_heads);
   plan.num_m_blocks = s.varlen ? varlen_tile_capacity(s.seqlen_q, s.batch, plan.tile_tokens)
                                : (s.seqlen_q + plan.tile_tokens - 1) / plan.tile_tokens;
@@ -143,9 +162,11 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
   plan.persistent = !o.mqa512_per_tile_grid;
   const int64_t work = plan.tiles * plan.num_splits;
   plan.grid = plan.persistent ? std::min<int64_t>(work, num_sms) : work;
+  plan.cluster_merge = o.mqa512_split_merge != 0 && mqa512_cluster_merge_fits(plan);
+  const bool partials = plan.num_splits > 1 && !plan.cluster_merge;
   const bool consumers_convert =
       o.mqa512_paged_convert == -1
-          ? plan.num_splits == 1 && work <= kMqa512PagedConsumerConvertsWork * plan.grid
+          ? !partials && work <= kMqa512PagedConsumerConvertsWork * plan.grid
           : o.mqa512_paged_convert == 1;
   plan.keys = s.paged_tiles > 0 ? (consumers_convert ? Mqa512Keys::kPagedStaged : Mqa512Keys::kPaged)
               : s.topk_k > 0    ? Mqa512Keys::kGathered
@@ -176,6 +197,7 @@ inline Mqa512Sm90Params mqa512_params(const Mqa512Shape& s, const Mqa512Plan& pl
   p.seqlen_c = static_cast<int>(s.seqlen_c);
   p.topk_k = static_cast<int>(s.topk_k);
   p.num_splits = plan.num_splits;
+  p.split_merge = plan.cluster_merge ? plan.num_splits : 0;
   p.paged = s.paged_tiles > 0 ? 1 : 0;
   p.lse_with_sink = p.paged ? 0 : 1;  // dsv4_attention_paged's lse leaves the sink out
   return p;

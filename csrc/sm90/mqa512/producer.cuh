@@ -100,11 +100,10 @@ struct Mqa512Producer {
       ptx::mbarrier_wait(ptx::smem_addr(&s.q_empty), progress.q() ^ 1);
       DSV4_TRACE_STAMP(2, kTraceQEmptyWait, lane == 0);
       if (threadIdx.x == 0) {
-        // The seesaw kernel's tiles are always 64 rows; the narrow form's the group's heads.
-        constexpr bool kNarrow = T::kBlockM != 64;
+        // The tile's rows: 64, or fewer (the narrow form, a padded paged decode tile); the
+        // rows past them stay zero.
         ptx::mbarrier_arrive_expect_tx(
-            q_full, kNarrow ? uint32_t(p.tile_heads) * (T::kHeadDim * sizeof(Element))
-                            : uint32_t(T::kBlockM * T::kHeadDim * sizeof(Element)));
+            q_full, uint32_t(p.tile_tokens * p.tile_heads) * (T::kHeadDim * sizeof(Element)));
         for (int cb = 0; cb < T::kColBlocks; ++cb) {  // box (64 dims, tile_tokens, tile_heads)
           ptx::tma_load_4d(ptx::smem_addr(&s.q[cb][0][0]), &tmap_q, q_full, cb * 64,
                            w.q_start + w.tok0, w.head0, w.batch);
@@ -114,11 +113,11 @@ struct Mqa512Producer {
       if (sinks_with_q) {
 #pragma unroll
         for (int i = 0; i < (T::kBlockM + 31) / 32; ++i) {
-          const int row = lane + 32 * i;  // the narrow form's padded heads take 0
+          const int row = lane + 32 * i;  // padding rows take 0
           if (row < T::kBlockM) {
             ptx::cp_async_4_zfill(ptx::smem_addr(&s.sink[progress.q()][row]),
                                   p.sinks + w.head0 + row / p.tile_tokens,
-                                  T::kBlockM == 64 || row < p.tile_heads);
+                                  row < p.tile_tokens * p.tile_heads);
           }
         }
         ptx::cp_async_mbarrier_arrive_noinc(q_full);

@@ -69,6 +69,14 @@
 //                     and thread 0 arrives once the other half (the one consumer 1 - s's P V
 //                     reads) is converted -> consumer 1 - s, before that P V (it shares
 //                     kv_full's parities)
+//   merge_free        split_merge (a cluster of two CTAs, the splits of one work tile; this
+//                     CTA's rank k): one arrival from the other CTA's consumer 1 - k (the one
+//                     that stores there) once both its consumers' wgmmas are done (named
+//                     barrier kStagesDrained), so its key stages may take rows -> consumer
+//                     1 - k here, before it sends its columns there
+//   merge_full        split_merge: 128 arrivals, the other CTA's consumer k after sending its
+//                     columns -> consumer k here, before the merge (split_merge.cuh). Both
+//                     complete once: one work tile per CTA.
 //   named barrier kPOwn0Ready: consumer 0's 128 threads stored p_own0 (before its own P V)
 //   named barrier kPagedBlockConverted + s: consumer s's 128 threads read a paged block's
 //                     staged bytes, then wrote and fenced its converted rows
@@ -137,6 +145,7 @@ struct Mqa512Sm90Traits {
     uint64_t handoff[5];              // [Mqa512Handoff]
     uint64_t tile_full[2], tile_empty[2];  // [tile parity]: the tile ring
     uint64_t paged_converted[2];           // [stage]: kPagedStaged only (traits' protocol)
+    uint64_t merge_free, merge_full;       // split_merge only (traits' protocol)
   };
   static constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 block can have");
@@ -239,6 +248,7 @@ enum Mqa512Handoff : int {
 enum Mqa512Barrier : uint32_t {
   kPOwn0Ready = 1,  // consumer 0 only (128 threads): all of it stored p_own0
   kPagedBlockConverted = 2,  // the paged seesaw kernel, + consumer: see the protocol above
+  kStagesDrained = 4,  // split_merge, both consumers (256 threads): every wgmma of theirs is done
   // The narrow form, consumer c's 128 threads: 2 + c its warps' head maxima written, 4 + c its
   // P^T stored, 6 + c (when it merges) its warps' sums written, the other's partial read, its
   // rows staged.
@@ -250,7 +260,8 @@ enum Mqa512Barrier : uint32_t {
 // The arrival counts of every barrier above (thread 0, before the CTA's first __syncthreads).
 // sinks_with_q: warp 0's 32 sink copies also arrive on q_full.
 template <typename Traits, typename Storage>
-__device__ __forceinline__ void mqa512_init_barriers(Storage& s, bool sinks_with_q) {
+__device__ __forceinline__ void mqa512_init_barriers(Storage& s, bool sinks_with_q,
+                                                     bool split_merge) {
   ptx::mbarrier_init(ptx::smem_addr(&s.q_full), sinks_with_q ? 1 + 32 : 1);
   ptx::mbarrier_init(ptx::smem_addr(&s.q_empty), Traits::kConsumerThreads);
   for (int stage = 0; stage < 2; ++stage) {
@@ -268,6 +279,10 @@ __device__ __forceinline__ void mqa512_init_barriers(Storage& s, bool sinks_with
   for (uint32_t slot = 0; slot < 2; ++slot) {
     ptx::mbarrier_init(ptx::smem_addr(&s.tile_full[slot]), 1);
     ptx::mbarrier_init(ptx::smem_addr(&s.tile_empty[slot]), 8 * Traits::kTileCopyLanes);
+  }
+  if (split_merge) {
+    ptx::mbarrier_init(ptx::smem_addr(&s.merge_free), 1);
+    ptx::mbarrier_init(ptx::smem_addr(&s.merge_full), 128);
   }
   ptx::fence_barrier_init();
 }

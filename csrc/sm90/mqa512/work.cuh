@@ -148,9 +148,9 @@ __device__ __forceinline__ int mqa512_paged_slot(const int* listed, int len, int
 }
 
 // Whether the kernel folds in the sinks, which then travel with Q (a split's rows leave them to
-// the combine kernel).
+// the combine kernel; splits merged in a cluster fold them in after the merge).
 __device__ __forceinline__ bool mqa512_sinks_with_q(const Mqa512Sm90Params& p) {
-  return p.sinks != nullptr && p.num_splits == 1;
+  return p.sinks != nullptr && (p.num_splits == 1 || p.split_merge > 1);
 }
 
 // A CTA's place in its loop over work tiles, in one register (the consumers are at their

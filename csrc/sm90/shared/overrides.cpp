@@ -61,6 +61,10 @@ Overrides read_overrides() {
     o.mqa512_paged_convert = parse_choice("DSV4_MQA512_PAGED_CONVERT", v,
                                           {"producer", "consumer"}, "producer or consumer");
   }
+  if (const char* v = std::getenv("DSV4_MQA512_SPLIT_MERGE")) {
+    o.mqa512_split_merge = parse_choice("DSV4_MQA512_SPLIT_MERGE", v, {"combine", "cluster"},
+                                        "combine or cluster");
+  }
   if (const char* v = std::getenv("DSV4_CHUNK_SEGMENTS")) {
     o.chunk_segments = parse_int("DSV4_CHUNK_SEGMENTS", v, 1);
   }

@@ -20,6 +20,8 @@ struct Overrides {
                                  // narrow form never, or wherever it fits; -1: planned
   int mqa512_paged_convert = -1;  // DSV4_MQA512_PAGED_CONVERT=producer|consumer: who converts a
                                   // paged call's FP8 blocks; -1: planned
+  int mqa512_split_merge = -1;   // DSV4_MQA512_SPLIT_MERGE=combine|cluster: how a split call's
+                                 // splits meet (cluster: wherever it fits); -1: planned
   int chunk_segments = 0;        // DSV4_CHUNK_SEGMENTS=N: N segments per sequence (1: unsplit); 0: planned
   int chunk_fused = -1;          // DSV4_CHUNK_FUSED=0|1, unsplit dense delta-rule calls; -1: planned
   bool chunk_warmups = true;     // DSV4_CHUNK_WARMUP=0: every head through the exact combine

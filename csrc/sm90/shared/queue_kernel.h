@@ -28,4 +28,24 @@ cudaError_t queue_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// Queues kernel<<<grid, block, smem, stream>>>(args...) as clusters of `cluster` CTAs along x
+// (grid.x a multiple of it) and returns the launch's error.
+template <typename... Params, typename... Args>
+cudaError_t queue_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                 cudaStream_t stream, unsigned cluster, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute dims;
+  dims.id = cudaLaunchAttributeClusterDimension;
+  dims.val.clusterDim.x = cluster;
+  dims.val.clusterDim.y = 1;
+  dims.val.clusterDim.z = 1;
+  config.attrs = &dims;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 }  // namespace dsv4

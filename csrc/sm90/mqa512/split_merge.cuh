@@ -1,0 +1,80 @@
+// A work tile's two splits merged in a cluster of two CTAs (Mqa512Sm90Params::split_merge; plan.h
+// says where). CTA k ran split k of the work tile's key tiles and ends with O unnormalised
+// against its reference max m_run, and each row's sum. It owns out's columns [256 k, 256 k +
+// 256), consumer k's in either CTA: the other CTA's consumer k sends its O and each row's
+// (m_run, sum) through distributed shared memory into this CTA's key stages (free once both
+// its consumers' last P V is done), and consumer k here folds them in as the split-KV combine
+// would. No fp32 partials reach global memory, and no combine kernel runs.
+#pragma once
+
+#include <cstdint>
+
+#include "ptx/cluster.cuh"
+#include "ptx/math.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/sync.cuh"
+#include "sm90/mqa512/consumer.cuh"
+#include "sm90/shared/online_softmax.cuh"
+
+namespace dsv4 {
+
+// Consumer c's part of the merge; total: its rows' sums over this CTA's split (both consumers',
+// against c.m_run). Returns whether c owns its columns: then c.o, c.m_run and total hold both
+// splits; else c sent them to the other CTA.
+template <typename Element, Mqa512Keys kKeys>
+__device__ __forceinline__ bool mqa512_merge_splits(Mqa512Consumer<Element, kKeys>& c,
+                                                    float (&total)[2]) {
+  auto& s = c.s;
+  const int tid = c.tid;
+  const uint32_t rank = ptx::cluster_ctarank();
+  // In the owner's stages, 16 bytes a thread: the sender's columns [8-column group][thread],
+  // then its rows' (m_run, sum) [thread].
+  float4* const rows = reinterpret_cast<float4*>(&s.kv[0][0][0][0]);
+  float4* const record = rows + 32 * 128;
+  static_assert(sizeof(s.kv) >= 33 * 128 * 16, "a consumer's columns fit the stages");
+
+  if (c.wg != static_cast<int>(rank)) {  // the other CTA owns these columns: send them
+    ptx::named_barrier_arrive(kStagesDrained, 256);  // this consumer's wgmmas are done
+    ptx::mbarrier_wait_cluster(ptx::smem_addr(&s.merge_free), 0);
+    const uint32_t dst = ptx::map_to_rank(ptx::smem_addr(rows + tid), rank ^ 1);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      ptx::st_cluster_v4(dst + j * 128 * 16, c.o[4 * j], c.o[4 * j + 1], c.o[4 * j + 2],
+                         c.o[4 * j + 3]);
+    }
+    ptx::st_cluster_v4(ptx::map_to_rank(ptx::smem_addr(record + tid), rank ^ 1), c.m_run[0],
+                       c.m_run[1], total[0], total[1]);
+    ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_full), rank ^ 1));
+    return false;
+  }
+  // Once the other consumer's wgmmas here are done too (its last P V read the stages), the
+  // stages may take the other CTA's rows.
+  ptx::named_barrier_sync(kStagesDrained, 256);
+  if (tid == 0) ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_free), rank ^ 1));
+  ptx::mbarrier_wait_cluster(ptx::smem_addr(&s.merge_full), 0);
+  // Both splits' rows against their common reference max (a split that saw no key has
+  // m_run = -inf and adds 0).
+  const float4 r = record[tid];
+  float own[2], other[2];
+  const float m_other[2] = {r.x, r.y}, sum_other[2] = {r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = fmaxf(c.m_run[i], m_other[i]);
+    const float base = softmax_base(m_new);
+    own[i] = ptx::exp2_approx(c.m_run[i] - base);
+    other[i] = ptx::exp2_approx(m_other[i] - base);
+    total[i] = total[i] * own[i] + sum_other[i] * other[i];
+    c.m_run[i] = m_new;
+  }
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const float4 v = rows[j * 128 + tid];
+    c.o[4 * j] = c.o[4 * j] * own[0] + v.x * other[0];
+    c.o[4 * j + 1] = c.o[4 * j + 1] * own[0] + v.y * other[0];
+    c.o[4 * j + 2] = c.o[4 * j + 2] * own[1] + v.z * other[1];
+    c.o[4 * j + 3] = c.o[4 * j + 3] * own[1] + v.w * other[1];
+  }
+  return true;
+}
+
+}  // namespace dsv4
