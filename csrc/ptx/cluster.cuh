@@ -15,10 +15,11 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
 }
 
 // Every thread of every CTA of the cluster: the barrier.cluster pair, release then acquire, so
-// that what each CTA wrote before it (barrier inits included) is visible to the others after.
+// that what each CTA wrote before it (barrier inits included) is visible to the others after,
+// and no CTA passes it while another may still touch its shared memory. (Not .aligned: callers
+// need not be converged.)
 __device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" :::
-                   "memory");
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
 // mapa: the address of the same shared-memory location in CTA `rank` of the cluster.

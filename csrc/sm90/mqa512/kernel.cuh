@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       }
       progress.finish_keys(n);
     }
+    mqa512_leave_cluster(p);
     return;
   }
 
@@ -113,6 +114,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     mqa512_epilogue(consumer, progress, n);
     progress.next_slot();
   }
+  mqa512_leave_cluster(p);
 }
 
 // The narrow form (traits.h: Mqa512NarrowTraits): CSA work tiles of one token's heads, no

@@ -77,4 +77,11 @@ __device__ __forceinline__ bool mqa512_merge_splits(Mqa512Consumer<Element, kKey
   return true;
 }
 
+// Every thread, before it exits: in a merging cluster no CTA may leave while the other may still
+// store into its shared memory (the merge's own barriers order the data; compute-sanitizer's
+// racecheck asks for this one too).
+__device__ __forceinline__ void mqa512_leave_cluster(const Mqa512Sm90Params& p) {
+  if (p.split_merge > 1) ptx::cluster_sync();
+}
+
 }  // namespace dsv4
