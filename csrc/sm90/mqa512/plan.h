@@ -60,10 +60,10 @@ struct Mqa512Plan {
 };
 
 // A split call's two splits merge in a cluster of two CTAs (split_merge.cuh) where each CTA
-// holds one work tile's split (work <= grid). bench_dsv4's graphed paged decode steps, B = 64,
-// Hq 64 (H200): CSA top-512 44.5 -> 32.5 us, top-1024 63.0 -> 53.5, HCA 32.5 -> 24.5. Clusters
-// of four and eight splits (Hq 32 and 16) were slower than the combine: 41.5 -> 65.5 and
-// 42.2 -> 72.5 us.
+// holds one work tile's split (work <= grid). Graphed paged decode steps, B = 64, Hq 64 (H200,
+// the producer converting): CSA top-512 44.6 -> 32.6 us, top-1024 62.5 -> 52.7, HCA 32.1 ->
+// 23.7. Clusters of four and eight were slower than the combine (Hq 32 and 16, packed tiles:
+// 41.5 -> 65.5 and 42.2 -> 72.5 us): only 30 and 15 of them fit on the H200 at once.
 inline bool mqa512_cluster_merge_fits(const Mqa512Plan& plan) {
   return plan.num_splits == 2 && plan.tiles * 2 <= plan.grid;
 }
