@@ -50,7 +50,9 @@ __device__ __forceinline__ bool mqa512_merge_splits(Mqa512Consumer<Element, kKey
   // Once the other consumer's wgmmas here are done too (its last P V read the stages), the
   // stages may take the other CTA's rows.
   ptx::named_barrier_sync(kStagesDrained, 256);
-  if (tid == 0) ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_free), rank ^ 1));
+  if (tid == 0) {
+    ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_free), rank ^ 1));
+  }
   ptx::mbarrier_wait_cluster(ptx::smem_addr(&s.merge_full), 0);
   // Both splits' rows against their common reference max (a split that saw no key has
   // m_run = -inf and adds 0).
