@@ -62,19 +62,20 @@ struct Mqa512Plan {
 // A split call's two splits merge in a cluster of two CTAs (split_merge.cuh) where each CTA
 // holds one work tile's split (work <= grid). Graphed paged decode steps, B = 64, Hq 64 (H200,
 // the producer converting): CSA top-512 44.6 -> 32.6 us, top-1024 62.5 -> 52.7, HCA 32.1 ->
-// 23.7. Clusters of four and eight were slower than the combine (Hq 32 and 16, packed tiles:
-// 41.5 -> 65.5 and 42.2 -> 72.5 us): only 30 and 15 of them fit on the H200 at once.
+// 23.7. Clusters of four and eight lost to the combine at the same split count even where
+// they all fit at once (B = 8 top-512, eight splits: 17.4 -> 24.3 us; docs/mqa512.md, "Tried
+// and dropped").
 inline bool mqa512_cluster_merge_fits(const Mqa512Plan& plan) {
   return plan.num_splits == 2 && plan.tiles * 2 <= plan.grid;
 }
 
-// Paged calls of at most this many work tiles a CTA (decode steps) that write no partials
-// (unsplit, or split in two and merged in clusters) have the consumers convert the FP8 blocks
-// (Mqa512Keys::kPagedStaged): there the consumers wait for blocks most of the time, and the
-// producer's copies alone reach a tile sooner. Longer walks (prefill) keep the producer
-// converting, so the consumers' chain stays short; so do steps with the split-KV combine,
-// whose graphed steps were slower with the consumers converting (docs/mqa512.md: "Paged
-// mode").
+// Paged calls of at most this many work tiles a CTA (decode steps) have the consumers convert
+// the FP8 blocks (Mqa512Keys::kPagedStaged): there the consumers wait for blocks most of the
+// time, and the producer's copies alone reach a tile sooner. Longer walks (prefill) keep the
+// producer converting, so the consumers' chain stays short. (Graphed steps, H200, producer ->
+// consumers: merged in clusters, B = 64 Hq 64 top-512 32.6 -> 30.4 us; with the combine, B = 8
+// top-512 18.2 -> 17.6, HCA 17.3 -> 17.0, B = 32 top-512 28.8 -> 27.9. Only B = 64 split in two
+// lost with the combine, 44.2 -> 46.8, and that call merges in clusters: docs/mqa512.md.)
 constexpr int64_t kMqa512PagedConsumerConvertsWork = 2;
 
 // Why the kernel cannot take a call of this shape, or nullptr (the packing, the work-tile
@@ -163,11 +164,9 @@ inline Mqa512Plan mqa512_plan_launch(const Mqa512Shape& s, int num_sms, const Ov
   const int64_t work = plan.tiles * plan.num_splits;
   plan.grid = plan.persistent ? std::min<int64_t>(work, num_sms) : work;
   plan.cluster_merge = o.mqa512_split_merge != 0 && mqa512_cluster_merge_fits(plan);
-  const bool partials = plan.num_splits > 1 && !plan.cluster_merge;
-  const bool consumers_convert =
-      o.mqa512_paged_convert == -1
-          ? !partials && work <= kMqa512PagedConsumerConvertsWork * plan.grid
-          : o.mqa512_paged_convert == 1;
+  const bool consumers_convert = o.mqa512_paged_convert == -1
+                                     ? work <= kMqa512PagedConsumerConvertsWork * plan.grid
+                                     : o.mqa512_paged_convert == 1;
   plan.keys = s.paged_tiles > 0 ? (consumers_convert ? Mqa512Keys::kPagedStaged : Mqa512Keys::kPaged)
               : s.topk_k > 0    ? Mqa512Keys::kGathered
                                 : Mqa512Keys::kTma;
