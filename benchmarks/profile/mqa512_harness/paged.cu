@@ -144,8 +144,8 @@ int main(int argc, char** argv) {
     printf("# clusters of %u CTAs resident at once: %d (%d CTAs)\n", size, clusters, clusters * size);
   }
   const auto launch = [&] {
-    CK(queue_cluster_kernel(kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, 0, cluster, tq,
-                            tq, tq, p));
+    CK(queue_kernel(kernel, dim3(grid), dim3(T::kThreads), T::kSmemBytes, 0,
+                    QueueOptions{false, cluster}, tq, tq, tq, p));
   };
 #ifdef DSV4_TRACE
   const int cta = traced_cta(grid);

@@ -72,6 +72,10 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   } else {
     __syncthreads();
   }
+  // Queued by programmatic dependent launch (launch.cuh): the kernel before this one on the
+  // stream has finished and its writes are visible past this point, and nothing above touched
+  // global memory.
+  ptx::griddep_wait();
 
   if (threadIdx.x / 128 == 0) {
     ptx::setmaxnreg_dec<kPaged ? T::kPagedProducerRegs : T::kProducerRegs>();

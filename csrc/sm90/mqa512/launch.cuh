@@ -97,15 +97,14 @@ void mqa512_launch(const Mqa512Problem& pr, const Mqa512Plan& plan, at::Tensor& 
     }
   }
   allow_dynamic_smem<kernel>(pr.q.get_device(), T::kSmemBytes);
-  if (plan.cluster_merge) {  // the splits merge in the cluster: no combine
-    C10_CUDA_CHECK(queue_cluster_kernel(kernel, dim3(static_cast<unsigned>(plan.grid)),
-                                        dim3(T::kThreads), T::kSmemBytes, stream,
-                                        static_cast<unsigned>(plan.num_splits), tq, tkv, tc, p));
-    return;
-  }
-  kernel<<<static_cast<unsigned>(plan.grid), T::kThreads, T::kSmemBytes, stream>>>(tq, tkv, tc, p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (p.num_splits > 1) {
+  // Queued by programmatic dependent launch behind whatever kernel came before (every thread
+  // waits before it touches global memory); the splits of a call that merge in clusters run as
+  // one cluster each, and no combine follows.
+  QueueOptions queue{true};
+  if (plan.cluster_merge) queue.cluster = static_cast<unsigned>(plan.num_splits);
+  C10_CUDA_CHECK(queue_kernel(kernel, dim3(static_cast<unsigned>(plan.grid)), dim3(T::kThreads),
+                              T::kSmemBytes, stream, queue, tq, tkv, tc, p));
+  if (p.num_splits > 1 && !plan.cluster_merge) {
     C10_CUDA_CHECK((launch_split_kv_combine<Element, T::kHeadDim>(
         p, out.data_ptr(), lse.data_ptr<float>(), stream, p.lse_with_sink != 0)));
   }
