@@ -40,7 +40,9 @@ if len(sys.argv) > 2 and sys.argv[2] == 'paged':
                 if base <= i < base + 4:
                     return f"P{slot - 2} {name} stage {(i - base) // 2} half {(i - base) % 2}"
             return f"P{slot - 2} " + {8: 'Q issued', 9: 'Q buffer free'}.get(i, str(i))
-        return f"{'AB'[slot]} " + str(names.get(i, {1: 'tile start', 2: 'Q landed', 41: 'stored'}.get(i, i)))
+        return f"{'AB'[slot]} " + str(names.get(i, {1: 'tile start', 2: 'Q landed', 41: 'stored',
+                                                    42: 'merge: stages free', 43: 'merge: sent',
+                                                    44: 'merge: columns in'}.get(i, i)))
     rows = sorted((t, what(slot, i)) for slot in ev for i, t in ev[slot] if t <= until)
     for t, w in rows: print(f"{t:8d} {w}")
     sys.exit(0)

@@ -15,6 +15,7 @@
 #include "ptx/sync.cuh"
 #include "sm90/mqa512/consumer.cuh"
 #include "sm90/shared/online_softmax.cuh"
+#include "sm90/shared/trace.cuh"
 
 namespace dsv4 {
 
@@ -36,6 +37,7 @@ __device__ __forceinline__ bool mqa512_merge_splits(Mqa512Consumer<Element, kKey
   if (c.wg != static_cast<int>(rank)) {  // the other CTA owns these columns: send them
     ptx::named_barrier_arrive(kStagesDrained, 256);  // this consumer's wgmmas are done
     ptx::mbarrier_wait_cluster(ptx::smem_addr(&s.merge_free), 0);
+    DSV4_TRACE_STAMP(c.wg, kTraceMergeFree, tid == 0);
     const uint32_t dst = ptx::map_to_rank(ptx::smem_addr(rows + tid), rank ^ 1);
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
@@ -45,6 +47,7 @@ __device__ __forceinline__ bool mqa512_merge_splits(Mqa512Consumer<Element, kKey
     ptx::st_cluster_v4(ptx::map_to_rank(ptx::smem_addr(record + tid), rank ^ 1), c.m_run[0],
                        c.m_run[1], total[0], total[1]);
     ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_full), rank ^ 1));
+    DSV4_TRACE_STAMP(c.wg, kTraceMergeSent, tid == 0);
     return false;
   }
   // Once the other consumer's wgmmas here are done too (its last P V read the stages), the
@@ -54,6 +57,7 @@ __device__ __forceinline__ bool mqa512_merge_splits(Mqa512Consumer<Element, kKey
     ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_free), rank ^ 1));
   }
   ptx::mbarrier_wait_cluster(ptx::smem_addr(&s.merge_full), 0);
+  DSV4_TRACE_STAMP(c.wg, kTraceMergeIn, tid == 0);
   // Both splits' rows against their common reference max (a split that saw no key has
   // m_run = -inf and adds 0).
   const float4 r = record[tid];

@@ -326,9 +326,14 @@ enum Mqa512TracePoint : int {
   kTrace1PvOtherIssued = 36,
   kTrace1OwnPvDone = 37,
   kTrace1KvReleased = 38,
-  // the epilogue: row sums exchanged, rows stored
+  // the epilogue: row sums exchanged, rows stored; merging splits in a cluster, the other CTA's
+  // stages free (the sender), the columns sent (the sender), the other CTA's columns in (the
+  // owner)
   kTraceRowSums = 40,
   kTraceStored = 41,
+  kTraceMergeFree = 42,
+  kTraceMergeSent = 43,
+  kTraceMergeIn = 44,
   // the narrow form's consumers: the work tile taken, a key tile's first column block landed,
   // S^T done, P^T stored, P V done, the end of the work tile, the other's partial in (merger),
   // the token stored (merger)
