@@ -64,8 +64,9 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       ptx::fence_barrier_init();
     }
   }
-  // A split call's combine follows by programmatic dependent launch: it may take the SMs this
-  // grid leaves from now on, and waits for this grid's partials itself.
+  // The kernel after this one (a split call's combine, or the next call's kernel), queued by
+  // programmatic dependent launch, may take the SMs this grid leaves from now on, and waits for
+  // this grid itself.
   ptx::griddep_launch_dependents();
   if (p.split_merge > 1) {
     ptx::cluster_sync();  // the other CTA's merge barriers are initialised before any arrival
