@@ -371,6 +371,38 @@ def test_kernel_split_merge(gen, monkeypatch, t, h, w, k, sinks):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("t", [64, 8])
+def test_kernel_chained_steps_read_the_previous_output(gen, t):
+    """The kernel is queued by programmatic dependent launch behind the kernel before it, and
+    triggers its own dependents at its start: a call whose q is the previous call's out must
+    still read that out whole. Three chained calls (t = 64: split in two, merged in clusters;
+    t = 8: split with the combine kernel) into NaN-poisoned outputs give the same bits as the
+    same calls with a device synchronize after each."""
+    q, window_cache, ws, kw = _kernel_case(gen, t, 64, (8, 64), 128, (16, 64), 512, "finite",
+                                           torch.bfloat16)
+    assert dsv4_attn.dsv4_attention_paged_path(q, window_cache, ws, **kw) == "sm90"
+
+    def chain(sync):
+        # Every out allocated first, so that each call's kernel follows the previous call's
+        # directly on the stream (no fill kernel between).
+        outs = [torch.full_like(q, float("nan")) for _ in range(3)]
+        torch.cuda.synchronize()
+        x = q
+        for out in outs:
+            dsv4_attn.dsv4_attention_paged(x, window_cache, ws, out=out, **kw)
+            if sync:
+                torch.cuda.synchronize()
+            x = out
+        torch.cuda.synchronize()
+        return outs
+
+    apart, chained = chain(True), chain(False)
+    assert all(torch.isfinite(o).all() for o in apart)
+    assert all(torch.equal(a, b) for a, b in zip(apart, chained)), "a call read a stale q"
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_kernel_planned_tiles():
     """Below 64 heads a decode step takes one token a tile (the rows past its heads padding)
     where those tiles fill the SMs at most once; longer calls pack 64 / Hq tokens a tile."""
