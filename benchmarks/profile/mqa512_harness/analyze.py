@@ -7,7 +7,7 @@ events (A = consumer 0, B = consumer 1) and the producers' empty-barrier waits a
     python3 analyze.py trace.txt narrow   # the narrow form: where each work tile's cycles go
 bin/trace prints `E slot point cycles` lines (harness.cu, csrc/sm90/shared/trace.cuh). The
 mqa512 family's slots: 0 and 1 the consumer warpgroups (A, B), 2-5 the producer warps 0-3.
-Its points: consumer 1, 2, 10-17, 20-23, 30-38, 40, 41 (`names` below and the tiles mode),
+Its points: consumer 1, 2, 10-17, 20-23, 30-38, 40-45 (`names` below and the paged mode),
 producer 0-5 a stage half's empty barrier passed (stage * 2 + half), 70-75 its boxes issued
 (70 + stage * 2 + half), 8 Q issued, 9 the Q buffer free."""
 import sys, collections
@@ -42,7 +42,8 @@ if len(sys.argv) > 2 and sys.argv[2] == 'paged':
             return f"P{slot - 2} " + {8: 'Q issued', 9: 'Q buffer free'}.get(i, str(i))
         return f"{'AB'[slot]} " + str(names.get(i, {1: 'tile start', 2: 'Q landed', 41: 'stored',
                                                     42: 'merge: stages free', 43: 'merge: sent',
-                                                    44: 'merge: columns in'}.get(i, i)))
+                                                    44: 'merge: columns in',
+                                                    45: 'merge: folded'}.get(i, i)))
     rows = sorted((t, what(slot, i)) for slot in ev for i, t in ev[slot] if t <= until)
     for t, w in rows: print(f"{t:8d} {w}")
     sys.exit(0)

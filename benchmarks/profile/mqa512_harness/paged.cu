@@ -49,9 +49,10 @@ struct Cache {
     fill_cache<<<1024, 256>>>(base, blocks, rows, stride, seed);
     CK(cudaGetLastError());
   }
-  Mqa512PagedList list(const int* slots, int len) const {
+  // lengths: one per token, as dsv4_attention_paged always passes them.
+  Mqa512PagedList list(const int* slots, int len, const int* lengths) const {
     Mqa512PagedList l{};
-    l.base = base; l.slots = slots; l.lengths = nullptr; l.block_stride = stride; l.len = len;
+    l.base = base; l.slots = slots; l.lengths = lengths; l.block_stride = stride; l.len = len;
     l.tiles = (len + kMqa512KeysPerTile - 1) / kMqa512KeysPerTile;
     while ((1 << l.page_shift) < rows) ++l.page_shift;
     l.capacity = (int)(blocks * rows);
@@ -110,8 +111,9 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&sinks, H * 4)); CK(cudaMemset(sinks, 0, H * 4));
   fill<<<1024, 256>>>(q, nq, 3); CK(cudaGetLastError());
   p.out = out; p.lse = lse; p.sinks = sinks;
-  p.page_list[0] = window.list(d_ws, kWindow);
-  if (comp) p.page_list[1] = comp->list(d_cs, k);
+  // Every token's lists are full: lengths of 128 and K.
+  p.page_list[0] = window.list(d_ws, kWindow, upload(std::vector<int>(B, kWindow)));
+  if (comp) p.page_list[1] = comp->list(d_cs, k, upload(std::vector<int>(B, k)));
   if (p.num_splits > 1 && !plan.cluster_merge) {
     const size_t rows = (size_t)B * H;
     CK(cudaMalloc(&partial, p.num_splits * rows * (512 + 1) * 4));
