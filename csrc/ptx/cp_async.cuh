@@ -13,6 +13,13 @@ __device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, 
                : "memory");
 }
 
+// Copies 8 bytes from `src` when `valid`, else writes 8 zero bytes.
+__device__ __forceinline__ void cp_async_8_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 8 : 0)
+               : "memory");
+}
+
 // Copies 16 bytes from `src` when `valid`, else writes 16 zero bytes; bypasses L1 (.cg).
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
@@ -30,11 +37,6 @@ __device__ __forceinline__ void cp_async_16_unless_negative(uint32_t dst, const 
       "cp.async.cg.shared.global [%0], [%1], 16, ignore;\n\t}" ::"r"(dst),
       "l"(src), "r"(listed)
       : "memory");
-}
-
-// prefetch.global.L2: the 128-byte line holding `src` on its way into L2, nothing to wait for.
-__device__ __forceinline__ void prefetch_l2_line(const void* src) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<uint64_t>(src)) : "memory");
 }
 
 // cp.async.wait_all: this thread's earlier cp.async copies have landed.

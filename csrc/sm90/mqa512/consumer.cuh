@@ -134,8 +134,8 @@ struct Mqa512Consumer {
       if constexpr (!std::is_same_v<Element, __nv_bfloat16>) ptx::named_barrier_sync(kBar, 128);
       return;
     }
-    mqa512_convert_staged_block<Element, 128>(tile, &s.paged_scale[kWg][cb / kHalf][cb % 2][0],
-                                              cb % 4, tid,
+    // Block cb was copied by the stage's producer warp cb % 2, with its scale rows.
+    mqa512_convert_staged_block<Element, 128>(tile, s.paged_scale[kWg][cb % 2], cb, tid,
                                               [] { ptx::named_barrier_sync(kBar, 128); });
     ptx::fence_proxy_async_smem();  // these writes to the wgmmas (this and the other consumer's)
     ptx::named_barrier_sync(kBar, 128);

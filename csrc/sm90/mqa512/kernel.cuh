@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     ptx::fence_proxy_async_smem();
   }
   if (threadIdx.x == 0) {
+    mqa512_prefetch_descriptors(p, tmap_q, tmap_kv, tmap_c);
     mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p), p.split_merge > 1);
     if constexpr (kKeys == Mqa512Keys::kPagedStaged) {
       for (int stage = 0; stage < 2; ++stage) {
@@ -75,13 +76,12 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
   }
   // Queued by programmatic dependent launch (launch.cuh): the kernel before this one on the
   // stream has finished and its writes are visible past this point, and nothing above touched
-  // global memory.
+  // global memory (the tensor maps prefetched are parameters).
   ptx::griddep_wait();
 
   if (threadIdx.x / 128 == 0) {
     ptx::setmaxnreg_dec<kPaged ? T::kPagedProducerRegs : T::kProducerRegs>();
     const Mqa512Producer<Element> producer{s, p};
-    producer.prefetch_descriptors(tmap_q, tmap_kv, tmap_c);
     for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;
          progress.next_work(ptx::grid_ctas())) {
       const int list_tiles = mqa512_planned_list_tiles(p, progress.work());  // under the decode
@@ -140,13 +140,15 @@ __global__ void __launch_bounds__(Mqa512NarrowTraits<Element>::kThreads, 1)
     reinterpret_cast<uint4*>(&s.q[0][0][0])[i] = make_uint4(0u, 0u, 0u, 0u);
   }
   ptx::fence_proxy_async_smem();
-  if (threadIdx.x == 0) mqa512_narrow_init_barriers<T>(s, mqa512_sinks_with_q(p));
+  if (threadIdx.x == 0) {
+    mqa512_prefetch_descriptors(p, tmap_q, tmap_kv, tmap_c);
+    mqa512_narrow_init_barriers<T>(s, mqa512_sinks_with_q(p));
+  }
   __syncthreads();
 
   if (threadIdx.x / 128 == 0) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     const Mqa512Producer<Element, T> producer{s, p};
-    producer.prefetch_descriptors(tmap_q, tmap_kv, tmap_c);
     Mqa512Ring ring;
     for (Mqa512Progress progress(blockIdx.x); progress.work() < num_work;
          progress.next_work(ptx::grid_ctas())) {

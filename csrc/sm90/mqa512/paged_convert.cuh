@@ -14,31 +14,33 @@ namespace dsv4 {
 // kThreads threads convert the block together: thread t takes 16 bytes (part t % 4) of rows
 // t / 4 + (kThreads / 4) i, two rows at a time. Rows 0-31 land below the staging, rows 32-63 on
 // it, so before each pair of steps that stores rows 32-63 every thread has read its staged bytes
-// of them: `sync()` (the group's barrier) between the loads and those stores. scale_words[r] is
-// the 4 bytes of row r's scale row that hold the block's UE8M0 byte, byte `byte` of them.
+// of them: `sync()` (the group's barrier) between the loads and those stores. scale_rows[r] is
+// row r's scale row; the block's UE8M0 byte is its byte `byte`.
 template <typename Element, int kThreads, typename Sync>
-__device__ __forceinline__ void mqa512_convert_staged_block(char* tile, const uint32_t* scale_words,
+__device__ __forceinline__ void mqa512_convert_staged_block(char* tile,
+                                                            const uint8_t (*scale_rows)[kKvScaleBytes],
                                                             int byte, int t, Sync&& sync) {
   constexpr int kRows = 64, kStaging = kRows * 64, kRowStep = kThreads / 4;
   constexpr int kSteps = kRows / kRowStep;
   static_assert(kSteps % 2 == 0, "two rows a thread at a time");
   const int part = t % 4, row0 = t / 4;
+  const uint8_t* scale0 = &scale_rows[row0][byte];  // then at immediate offsets
 #pragma unroll
   for (int k = 0; k < kSteps / 2; ++k) {
     uint4 raw[2];
-    uint32_t word[2];
+    uint8_t scale[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = row0 + kRowStep * (2 * k + j);
       raw[j] = *reinterpret_cast<const uint4*>(tile + kStaging + r * 64 + part * 16);
-      word[j] = scale_words[r];
+      scale[j] = scale0[kKvScaleBytes * kRowStep * (2 * k + j)];
     }
     if (kRowStep * (2 * k + 1) >= kRows / 2) sync();  // these steps store rows 32-63
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = row0 + kRowStep * (2 * k + j);
       uint4 out[2];
-      kv_dequant16<Element>(raw[j], kv_scale_of(static_cast<uint8_t>(word[j] >> (8 * byte))), out);
+      kv_dequant16<Element>(raw[j], kv_scale_of(scale[j]), out);
       char* dst = tile + r * 128;
       *reinterpret_cast<uint4*>(dst + (((2 * part) ^ (r % 8)) << 4)) = out[0];
       *reinterpret_cast<uint4*>(dst + (((2 * part + 1) ^ (r % 8)) << 4)) = out[1];

@@ -38,6 +38,18 @@ struct Mqa512KeyRows {
   const Element* rows;
 };
 
+// The tensor maps the kernel will use, on their way into the descriptor cache: called by one
+// thread as the kernel starts (they are kernel parameters, so before the programmatic dependent
+// launch's wait too), so that the first TMA issue does not wait for its map.
+__device__ __forceinline__ void mqa512_prefetch_descriptors(const Mqa512Sm90Params& p,
+                                                            const CUtensorMap& tmap_q,
+                                                            const CUtensorMap& tmap_kv,
+                                                            const CUtensorMap& tmap_c) {
+  ptx::tma_prefetch_descriptor(&tmap_q);
+  if (p.use_kv) ptx::tma_prefetch_descriptor(&tmap_kv);
+  if (p.compress_ratio > 0 && p.topk == nullptr && !p.paged) ptx::tma_prefetch_descriptor(&tmap_c);
+}
+
 // Warps 2s and 2s + 1 fill stage s, each its alternate 64-column blocks (warp 0 also loads Q):
 // each stage is refilled as soon as its own consumers release it, never behind the other
 // stage's wait, and two warps issue its boxes. The narrow form (Traits = Mqa512NarrowTraits)
@@ -46,12 +58,9 @@ template <typename Element, typename Traits = Mqa512Sm90Traits<Element>>
 struct Mqa512Producer {
   using T = Traits;
   static constexpr int kBlockN = T::kBlockN, kHalf = T::kHalfBlocks;
-  // Paged: where a 64-column block stages its fp8 bytes (its upper half: 64 rows x 64 bytes),
-  // and how many of a stage's tiles ahead the L2 prefetches run (3: 132 CTAs x 6 tiles x 37 KB
-  // stay well inside L2).
+  // Paged: where a 64-column block stages its fp8 bytes (its upper half: 64 rows x 64 bytes).
   static constexpr uint32_t kPagedStagingOffset = T::kBlockBytes / 2;
   static_assert(kPagedStagingOffset == 64 * 64, "paged_convert.cuh reads row r at 4096 + 64 r");
-  static constexpr int kPagedAhead = 3;
 
   typename T::SharedStorage& s;
   const Mqa512Sm90Params& p;
@@ -61,16 +70,6 @@ struct Mqa512Producer {
 
   __device__ __forceinline__ uint32_t kv_full(int st, int cb) const {
     return ptx::smem_addr(&s.kv_full[st][cb]);
-  }
-
-  __device__ __forceinline__ void prefetch_descriptors(const CUtensorMap& tmap_q,
-                                                       const CUtensorMap& tmap_kv,
-                                                       const CUtensorMap& tmap_c) const {
-    if (threadIdx.x == 0) {
-      ptx::tma_prefetch_descriptor(&tmap_q);
-      ptx::tma_prefetch_descriptor(&tmap_kv);
-      if (p.compress_ratio > 0 && p.topk == nullptr) ptx::tma_prefetch_descriptor(&tmap_c);
-    }
   }
 
   // Thread 0 publishes the work tile to the ring: the consumers decode nothing.
@@ -240,27 +239,24 @@ struct Mqa512Producer {
                                                    const Mqa512WorkTile& w,
                                                    const Mqa512KeySegments& seg,
                                                    const SplitRange& range, int n) const {
-    // The records of this stage's next kPagedAhead tiles are on their way into L2 (one warp of
-    // the stage issues the prefetches) before its gathers wait for them, so those wait on L2,
-    // not on HBM; a window, so that a long work tile does not flush L2 with its own rows.
-    constexpr int kAhead = 2 * kPagedAhead;  // this stage's tiles are every other one
-    if (sub == 0) {
-#pragma unroll 1
-      for (int r = stage; r < min(n, stage + kAhead); r += 2) prefetch_tile(w, seg, range.begin + r);
-    }
+    // No L2 prefetch of later tiles' records: it made every row slower (docs/mqa512.md).
 #pragma unroll 1
     for (int r = stage; r < n; r += 2) {
       const uint32_t phase = progress.stage(stage, r >> 1);
-      if (sub == 0 && r + kAhead < n) prefetch_tile(w, seg, range.begin + r + kAhead);
       int listed_lo, listed_hi, token, list;
       paged_tile_slots(w, seg, range.begin + r, listed_lo, listed_hi, token, list);
       const uint32_t valid_lo = __ballot_sync(0xffffffff, listed_lo >= 0);
       const uint32_t valid_hi = __ballot_sync(0xffffffff, listed_hi >= 0);
+      // The tile's scale rows, once for both halves: where this warp converts, at once (it has
+      // converted the stage's last tile); where the consumer does, once the first half is
+      // released (after that consumer converted the whole of the stage's last tile).
+      if (!kStaged) issue_tile_scales(list, listed_lo, listed_hi);
 #pragma unroll 1
       for (int k = 0; k < 2; ++k) {  // the consumer's own half first, as in load_key_tiles
         const int half = stage ^ k;
         ptx::mbarrier_wait(ptx::smem_addr(&s.kv_empty[stage][half]), phase ^ 1);
         DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvEmptyWait + stage * 2 + half, lane == 0);
+        if (kStaged && k == 0) issue_tile_scales(list, listed_lo, listed_hi);
         if (k == 0 && sub == 0 && lane == 0) {
           *reinterpret_cast<uint4*>(&s.csa_slots[stage][0]) =
               make_uint4(valid_lo, valid_hi, uint32_t(token), 0u);
@@ -273,34 +269,6 @@ struct Mqa512Producer {
         __syncwarp();
       }
     }
-  }
-
-  __device__ __forceinline__ void prefetch_tile(const Mqa512WorkTile& w,
-                                                const Mqa512KeySegments& seg, int c_tile) const {
-    int lo, hi, token, list;
-    paged_tile_slots(w, seg, c_tile, lo, hi, token, list);
-    if (list == 0) {
-      prefetch_records<0>(lo);
-      prefetch_records<0>(hi);
-    } else {
-      prefetch_records<1>(lo);
-      prefetch_records<1>(hi);
-    }
-  }
-
-  // An L2 prefetch of slot `slot`'s record in list kList: the five 128-byte lines of its data
-  // row (576 bytes from a 64-byte boundary), and its scale row's line (-1: nothing). Per-lane
-  // line prefetches: a bulk prefetch takes uniform operands, and ptxas issued one lane's at a
-  // time (~900 instructions a tile).
-  template <int kList>
-  __device__ __forceinline__ void prefetch_records(int slot) const {
-    if (slot < 0) return;
-    const Mqa512PagedList& l = p.page_list[kList];
-    const int r = slot & ((1 << l.page_shift) - 1);
-    const uint8_t* block = l.base + static_cast<int64_t>(slot >> l.page_shift) * l.block_stride;
-#pragma unroll
-    for (int b = 0; b < kKvDataBytes; b += 128) ptx::prefetch_l2_line(block + r * kKvDataBytes + b);
-    ptx::prefetch_l2_line(block + (kKvDataBytes << l.page_shift) + r * kKvScaleBytes);
   }
 
   // Key tile c_tile of the work tile (no kv tiles: every tile is a listed one): its token, its
@@ -332,8 +300,9 @@ struct Mqa512Producer {
 
   // This warp's two 64-column blocks (cb0 = 4 half + sub, cb0 + 2) of half `half` of its stage,
   // from the FP8 records of list kList's listed slots (-1: zeros): the fp8 bytes staged in each
-  // block's upper 4 KB, the bf16 tail (block 7) straight to its place, and each row's scale
-  // word. Each lane finds the records of its own rows (lane, lane + 32) once; the copy steps
+  // block's upper 4 KB, and the bf16 tail (block 7) straight to its place (the scale rows:
+  // issue_tile_scales). Each lane finds the records of its own rows (lane, lane + 32) once; the
+  // copy steps
   // take each row's record address from its lane, and every copy is issued by cp.async (no
   // registers held: all of them in flight at once). Then, where the stage's consumer converts
   // the blocks (kStaged), they complete as the copies land, as gather_blocks' do, and the warp
@@ -343,15 +312,12 @@ struct Mqa512Producer {
   template <int kList, bool kStaged>
   __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
     const int cb0 = kHalf * half + sub;
-    // The consumer may still convert half 0 while half 1's scale words land: one buffer a half.
-    // The producer converts a half before it issues the next: one buffer (a register fewer).
-    const int scales = kStaged ? half : 0;
     const PagedRows rows = paged_rows<kList>(listed_lo, listed_hi);
     if (cb0 + 2 == kKvTiles) {  // this warp's second block is the bf16 tail
-      issue_paged_fp8<kList, 1>(scales, cb0, rows);
+      issue_paged_fp8<1>(cb0, rows);
       issue_paged_tail(cb0 + 2, rows);
     } else {
-      issue_paged_fp8<kList, 2>(scales, cb0, rows);
+      issue_paged_fp8<2>(cb0, rows);
     }
     DSV4_TRACE_STAMP(2 + threadIdx.x / 32, kTraceKvIssued + stage * 2 + half, lane == 0);
     if constexpr (kStaged) {
@@ -368,8 +334,7 @@ struct Mqa512Producer {
       if (cb == kKvTiles) {
         mqa512_convert_tail_block<Element, 32>(tile, lane);
       } else {
-        mqa512_convert_staged_block<Element, 32>(tile, &s.paged_scale[stage][0][sub][0], cb % 4,
-                                                 lane, [] { __syncwarp(); });
+        mqa512_convert_staged_block<Element, 32>(tile, s.paged_scale[stage][sub], cb, lane, [] { __syncwarp(); });
       }
       ptx::fence_proxy_async_smem();  // this lane's writes (stores and waited copies) to wgmma
       __syncwarp();  // every lane's stores of the block before lane 0's arrival
@@ -379,8 +344,7 @@ struct Mqa512Producer {
   }
 
   // A lane's two rows of a paged tile (lane, lane + 32): their slots (-1: not listed), and the
-  // addresses of their records' data rows (slot 0's where not listed, never read); a row's
-  // scale row is (576 << page_shift) - 568 r bytes after its data row, r its row in the block.
+  // addresses of their records' data rows (slot 0's where not listed, never read).
   struct PagedRows {
     int slot[2];
     const uint8_t* data[2];
@@ -408,13 +372,34 @@ struct Mqa512Producer {
         __shfl_sync(0xffffffff, reinterpret_cast<unsigned long long>(rows.data[h]), j));
   }
 
-  // The fp8 bytes of kBlocks blocks cb0 (and cb0 + 2), row r at byte 4096 + 64 r of each block
-  // (lane 4 q + part copies 16 bytes of rows q + 8 i), all from one record address a row; and
-  // each row's scale word (the 4 bytes holding tile cb0's byte, and cb0 + 2's) into
-  // paged_scale[stage][scales][sub].
-  template <int kList, int kBlocks>
-  __device__ __forceinline__ void issue_paged_fp8(int scales, int cb0, const PagedRows& rows) const {
+  // Each of the tile's rows' scale row into paged_scale[stage][sub] (this warp's copy: its
+  // blocks' barriers track it), lane l's rows l and l + 32: two copies with every lane active
+  // (a scale word a half from the copy steps' part-0 lanes took eight copies of eight lanes).
+  __device__ __forceinline__ void issue_tile_scales(int list, int listed_lo, int listed_hi) const {
+    if (list == 0) {
+      issue_paged_scales<0>(paged_rows<0>(listed_lo, listed_hi));
+    } else {
+      issue_paged_scales<1>(paged_rows<1>(listed_lo, listed_hi));
+    }
+  }
+  template <int kList>
+  __device__ __forceinline__ void issue_paged_scales(const PagedRows& rows) const {
     const Mqa512PagedList& l = p.page_list[kList];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int safe = max(rows.slot[h], 0);
+      const uint8_t* block = l.base + static_cast<int64_t>(safe >> l.page_shift) * l.block_stride;
+      ptx::cp_async_8_zfill(ptx::smem_addr(&s.paged_scale[stage][sub][lane + 32 * h][0]),
+                            block + (kKvDataBytes << l.page_shift) +
+                                (safe & ((1 << l.page_shift) - 1)) * kKvScaleBytes,
+                            rows.slot[h] >= 0);
+    }
+  }
+
+  // The fp8 bytes of kBlocks blocks cb0 (and cb0 + 2), row r at byte 4096 + 64 r of each block
+  // (lane 4 q + part copies 16 bytes of rows q + 8 i), all from one record address a row.
+  template <int kBlocks>
+  __device__ __forceinline__ void issue_paged_fp8(int cb0, const PagedRows& rows) const {
     const int part = lane % 4, row_sub = lane / 4;
     const uint32_t staging = ptx::smem_addr(&s.kv[stage][cb0][0][0]) + kPagedStagingOffset;
 #pragma unroll
@@ -428,13 +413,6 @@ struct Mqa512Producer {
         for (int b = 0; b < kBlocks; ++b) {  // block cb0 + 2 b: 2 x 8 KB further in the stage
           ptx::cp_async_16_unless_negative(staging + 2 * b * T::kBlockBytes + row * 64 + part * 16,
                                            src + 2 * b * 64, slot);
-        }
-        if (part == 0) {
-          const int r = max(slot, 0) & ((1 << l.page_shift) - 1);
-          ptx::cp_async_4_zfill(ptx::smem_addr(&s.paged_scale[stage][scales][sub][row]),
-                                src + ((kKvDataBytes << l.page_shift) -
-                                       r * (kKvDataBytes - kKvScaleBytes) + (cb0 & ~3) - cb0 * 64),
-                                slot >= 0);
         }
       }
     }

@@ -80,6 +80,7 @@ __device__ __forceinline__ bool mqa512_merge_splits(Mqa512Consumer<Element, kKey
     c.o[4 * j + 2] = c.o[4 * j + 2] * own[1] + v.z * other[1];
     c.o[4 * j + 3] = c.o[4 * j + 3] * own[1] + v.w * other[1];
   }
+  DSV4_TRACE_STAMP(c.wg, kTraceMergeFolded, tid == 0);
   return true;
 }
 

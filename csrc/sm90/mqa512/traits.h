@@ -90,6 +90,7 @@
 #include <cstdint>
 
 #include "ptx/mbarrier.cuh"
+#include "sm90/kv_cache/format.h"
 
 namespace dsv4 {
 
@@ -135,10 +136,10 @@ struct Mqa512Sm90Traits {
     // [stage]: a CSA tile's visible slots (key rows 0-31, 32-63) and the token of the work tile
     // whose list it holds (one 16-byte read for the consumer's mask).
     alignas(16) uint32_t csa_slots[2][4];
-    // Paged: [stage][half][producer warp of the stage][key row]: the scale word of each
-    // gathered row (the 4 bytes holding the UE8M0 bytes of both of the warp's blocks in the
-    // half), read by whoever converts the tile (kPaged: the producer, half 0's buffer only).
-    uint32_t paged_scale[2][2][2][kBlockN];
+    // Paged: [stage][producer warp of the stage][key row]: each gathered row's scale row (the
+    // UE8M0 byte of each 64-dim tile), copied once a tile by each of the stage's warps (each
+    // completes on its own blocks' barriers) and read by whoever converts the warp's blocks.
+    alignas(8) uint8_t paged_scale[2][2][kBlockN][kKvScaleBytes];
     uint64_t q_full, q_empty;
     uint64_t kv_full[2][kColBlocks];  // [stage][64-column block]
     uint64_t kv_empty[2][2];          // [stage][half of head_dim]
@@ -327,13 +328,14 @@ enum Mqa512TracePoint : int {
   kTrace1OwnPvDone = 37,
   kTrace1KvReleased = 38,
   // the epilogue: row sums exchanged, rows stored; merging splits in a cluster, the other CTA's
-  // stages free (the sender), the columns sent (the sender), the other CTA's columns in (the
-  // owner)
+  // stages free (the sender), the columns sent (the sender), the other CTA's columns in and
+  // folded (the owner)
   kTraceRowSums = 40,
   kTraceStored = 41,
   kTraceMergeFree = 42,
   kTraceMergeSent = 43,
   kTraceMergeIn = 44,
+  kTraceMergeFolded = 45,
   // the narrow form's consumers: the work tile taken, a key tile's first column block landed,
   // S^T done, P^T stored, P V done, the end of the work tile, the other's partial in (merger),
   // the token stored (merger)

@@ -139,12 +139,12 @@ __device__ __forceinline__ bool mqa512_gathers(const Mqa512Sm90Params& p) {
   return p.topk != nullptr || p.paged;
 }
 
-// A paged list's entry `slot` of one token (`listed`: its len entries, `length` of them read),
-// or -1 where it is not read.
+// A paged list's entry `slot` of one token (`listed`: its len entries), or -1 where its row is
+// not read (at or past the token's `length`, negative, or past the cache).
 __device__ __forceinline__ int mqa512_paged_slot(const int* listed, int len, int capacity,
                                                  int length, int slot) {
-  const int s = slot < length && slot < len ? listed[slot] : -1;
-  return s >= 0 && s < capacity ? s : -1;
+  const int s = slot < len ? listed[slot] : -1;  // not behind the length's load
+  return slot < length && s >= 0 && s < capacity ? s : -1;
 }
 
 // Whether the kernel folds in the sinks, which then travel with Q (a split's rows leave them to
