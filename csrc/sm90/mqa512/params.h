@@ -26,7 +26,7 @@ DSV4_HOST_DEVICE constexpr bool mqa512_paged_keys(Mqa512Keys k) {
 }
 
 // One slot list of a paged call (dsv4_attention_paged) over a paged FP8 cache
-// (sm90/kv_cache/format.h): token t's entries are slots[t * len ...], entry j read iff
+// (sm90/kv_cache/format.h): token t's entries are slots[t * len ...], entry j's row read iff
 // j < lengths[t] (no lengths: every entry) and 0 <= slot < capacity.
 struct Mqa512PagedList {
   const uint8_t* base;     // block 0 of the cache; nullptr: no such list
