@@ -17,9 +17,8 @@ namespace dsv4 {
 // of them: `sync()` (the group's barrier) between the loads and those stores. scale_rows[r] is
 // row r's scale row; the block's UE8M0 byte is its byte `byte`.
 template <typename Element, int kThreads, typename Sync>
-__device__ __forceinline__ void mqa512_convert_staged_block(char* tile,
-                                                            const uint8_t (*scale_rows)[kKvScaleBytes],
-                                                            int byte, int t, Sync&& sync) {
+__device__ __forceinline__ void mqa512_convert_staged_block(
+    char* tile, const uint8_t (*scale_rows)[kKvScaleBytes], int byte, int t, Sync&& sync) {
   constexpr int kRows = 64, kStaging = kRows * 64, kRowStep = kThreads / 4;
   constexpr int kSteps = kRows / kRowStep;
   static_assert(kSteps % 2 == 0, "two rows a thread at a time");

@@ -302,13 +302,13 @@ struct Mqa512Producer {
   // from the FP8 records of list kList's listed slots (-1: zeros): the fp8 bytes staged in each
   // block's upper 4 KB, and the bf16 tail (block 7) straight to its place (the scale rows:
   // issue_tile_scales). Each lane finds the records of its own rows (lane, lane + 32) once; the
-  // copy steps
-  // take each row's record address from its lane, and every copy is issued by cp.async (no
-  // registers held: all of them in flight at once). Then, where the stage's consumer converts
-  // the blocks (kStaged), they complete as the copies land, as gather_blocks' do, and the warp
-  // goes on to the next half at once. Elsewhere each lane waits for its own copies, the warp
-  // syncs and converts both blocks (paged_convert.cuh), each lane fences the proxies after its
-  // writes, and after a warp sync lane 0 gives each block's one arrival.
+  // copy steps take each row's record address from its lane, and every copy is issued by
+  // cp.async (no registers held: all of them in flight at once). Then, where the stage's
+  // consumer converts the blocks (kStaged), they complete as the copies land, as
+  // gather_blocks' do, and the warp goes on to the next half at once. Elsewhere each lane waits
+  // for its own copies, the warp syncs and converts both blocks (paged_convert.cuh), each lane
+  // fences the proxies after its writes, and after a warp sync lane 0 gives each block's one
+  // arrival.
   template <int kList, bool kStaged>
   __device__ __forceinline__ void gather_paged_blocks(int half, int listed_lo, int listed_hi) const {
     const int cb0 = kHalf * half + sub;
@@ -334,7 +334,8 @@ struct Mqa512Producer {
       if (cb == kKvTiles) {
         mqa512_convert_tail_block<Element, 32>(tile, lane);
       } else {
-        mqa512_convert_staged_block<Element, 32>(tile, s.paged_scale[stage][sub], cb, lane, [] { __syncwarp(); });
+        mqa512_convert_staged_block<Element, 32>(tile, s.paged_scale[stage][sub], cb, lane,
+                                                 [] { __syncwarp(); });
       }
       ptx::fence_proxy_async_smem();  // this lane's writes (stores and waited copies) to wgmma
       __syncwarp();  // every lane's stores of the block before lane 0's arrival
