@@ -11,6 +11,7 @@
 #     -> one work tile's timeline on the persistent grid
 #   (bin/trace traces CTA 0; DSV4_TRACE_CTA=N bin/trace ... traces CTA N)
 #   bin/gather_bench   -> the CSA gather's cp.async rate, alone (gather_bench.cu)
+#   bin/paged_gather_bench   -> the paged producer's gather of FP8 records from DRAM, alone
 #   bin/paged_bench 64 64 hca; bin/paged_trace 64 64 hca > t.txt; python3 analyze.py t.txt paged
 #     -> dsv4_attention_paged's decode kernel alone, and one CTA's timeline (paged.cu);
 #     `analyze.py t.txt halves`: each producer warp's refill chain per stage half
@@ -22,6 +23,7 @@ F="-std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -lcuda -I$CSRC"
 pids=()
 nvcc $F harness.cu -o bin/bench & pids+=($!)
 nvcc $F gather_bench.cu -o bin/gather_bench & pids+=($!)
+nvcc $F paged_gather_bench.cu -o bin/paged_gather_bench & pids+=($!)
 nvcc $F -DDSV4_TRACE harness.cu -o bin/trace & pids+=($!)
 nvcc $F paged.cu -o bin/paged_bench & pids+=($!)
 nvcc $F -DDSV4_TRACE paged.cu -o bin/paged_trace & pids+=($!)

@@ -1,0 +1,127 @@
+// The paged producer's gather alone (build.sh -> bin/paged_gather_bench): how long a warp takes
+// to copy an 8 KB half (two 64-byte blocks of 64 records of 576 bytes) from DRAM into shared
+// memory by 16-byte cp.async, and the bytes a second on every SM. A group of four warps shares
+// each key tile's 64 rows (random, from 2 GB of records; no tile read twice), warp w taking
+// the blocks of half w / 2, as the producer's four warps do. Lane maps:
+//   0  the producer's: lane 4q + part copies 16 B of rows q + 8i, blocks 128 bytes apart
+//   1  the same map, the warp's two blocks adjacent (64 bytes apart)
+//   2  8 lanes a row's 128 contiguous bytes (both blocks), 4 rows a copy
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "ptx/cp_async.cuh"
+#include "ptx/mbarrier.cuh"
+
+#define CK(x)                                                   \
+  do {                                                          \
+    cudaError_t e = (x);                                        \
+    if (e != cudaSuccess) {                                     \
+      printf("CUDA %s: %s\n", #x, cudaGetErrorString(e));       \
+      exit(1);                                                  \
+    }                                                           \
+  } while (0)
+
+constexpr int kRecord = 576, kHalf = 8192, kListLen = 1 << 22;
+
+template <int kMap>
+__global__ void gather(const uint8_t* table, const int* lists, int iters, long long* cycles) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const uint32_t base = dsv4::ptx::smem_addr(smem + warp * 2 * kHalf);
+  const int half = (warp % 4) / 2, sub = warp % 2;
+  // Where this warp's first block starts in a record; its second is `apart` bytes further.
+  const int col = kMap == 0 ? (4 * half + sub) * 64 : (4 * half + 2 * sub) * 64;
+  const int apart = kMap == 0 ? 128 : 64;
+  const long long t0 = clock64();
+  for (int it = 0; it < iters; ++it) {
+    const long long tile_index = static_cast<long long>(blockIdx.x * (warps / 4) + warp / 4) * iters + it;
+    const int* list = lists + (tile_index * 64) % (kListLen - 64);
+    const int lo = list[lane], hi = list[lane + 32];
+    const uint32_t tile = base + (it & 1) * kHalf;
+    if constexpr (kMap == 2) {
+      const int part = lane % 8, q = lane / 8;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int row = q + 4 * i;
+        const int r = __shfl_sync(0xffffffff, i < 8 ? lo : hi, row % 32);
+        dsv4::ptx::cp_async_16_zfill(tile + (part / 4) * 4096 + row * 64 + (part % 4) * 16,
+                                     table + static_cast<long long>(r) * kRecord + col + part * 16,
+                                     true);
+      }
+    } else {
+      const int part = lane % 4, q = lane / 4;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int row = q + 8 * i;
+        const int r = __shfl_sync(0xffffffff, i < 4 ? lo : hi, row % 32);
+        const uint8_t* src = table + static_cast<long long>(r) * kRecord + col + part * 16;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          dsv4::ptx::cp_async_16_zfill(tile + b * 4096 + row * 64 + part * 16, src + apart * b, true);
+        }
+      }
+    }
+    dsv4::ptx::cp_async_wait_all();
+    __syncwarp();
+  }
+  if (lane == 0) cycles[blockIdx.x * warps + warp] = clock64() - t0;
+}
+
+template <int kMap>
+void run(const uint8_t* table, const int* lists, long long* cycles, int warps, int ctas) {
+  const int iters = std::min(40, int((kListLen - 64) / (64LL * ctas * std::max(warps / 4, 1))));
+  const int smem = warps * 2 * kHalf;
+  CK(cudaFuncSetAttribute(gather<kMap>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  gather<kMap><<<ctas, 32 * warps, smem>>>(table, lists, iters, cycles);  // warm-up
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventRecord(a));
+  gather<kMap><<<ctas, 32 * warps, smem>>>(table, lists, iters, cycles);
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  CK(cudaGetLastError());
+  float ms;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  std::vector<long long> c(ctas * warps);
+  CK(cudaMemcpy(c.data(), cycles, c.size() * 8, cudaMemcpyDeviceToHost));
+  double mean = 0;
+  for (long long x : c) mean += double(x) / c.size();
+  const double bytes = double(ctas) * warps * iters * kHalf;
+  printf("map %d: %2d warps an SM, %3d CTAs: %5.0f cycles a half (%4.1f B/clk a warp, %4.1f an SM), "
+         "%5.0f GB/s\n", kMap, warps, ctas, mean / iters, kHalf / (mean / iters),
+         warps * kHalf / (mean / iters), bytes / ms / 1e6);
+}
+
+int main() {
+  const long long rows = (2ll << 30) / kRecord;
+  uint8_t* table;
+  int* lists;
+  long long* cycles;
+  int sms;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaMalloc(&table, rows * kRecord));
+  CK(cudaMemset(table, 1, rows * kRecord));
+  std::vector<int> h(kListLen);
+  unsigned x = 12345;
+  for (int& v : h) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<int>(static_cast<unsigned long long>(x) * rows >> 32);
+  }
+  CK(cudaMalloc(&lists, h.size() * 4));
+  CK(cudaMemcpy(lists, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&cycles, sms * 8 * 8));
+  run<0>(table, lists, cycles, 4, 1);  // one CTA alone
+  for (int warps : {4, 8}) {
+    run<0>(table, lists, cycles, warps, sms);
+    run<1>(table, lists, cycles, warps, sms);
+    run<2>(table, lists, cycles, warps, sms);
+  }
+  return 0;
+}
