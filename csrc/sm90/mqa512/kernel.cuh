@@ -56,7 +56,8 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     ptx::fence_proxy_async_smem();
   }
   if (threadIdx.x == 0) {
-    mqa512_prefetch_descriptors(p, tmap_q, tmap_kv, tmap_c);
+    // Paged only: elsewhere the prefetch made the prefill rows 0.5-1% slower (docs/mqa512.md).
+    if constexpr (kPaged) mqa512_prefetch_descriptors(p, tmap_q, tmap_kv, tmap_c);
     mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p), p.split_merge > 1);
     if constexpr (kKeys == Mqa512Keys::kPagedStaged) {
       for (int stage = 0; stage < 2; ++stage) {
@@ -141,7 +142,6 @@ __global__ void __launch_bounds__(Mqa512NarrowTraits<Element>::kThreads, 1)
   }
   ptx::fence_proxy_async_smem();
   if (threadIdx.x == 0) {
-    mqa512_prefetch_descriptors(p, tmap_q, tmap_kv, tmap_c);
     mqa512_narrow_init_barriers<T>(s, mqa512_sinks_with_q(p));
   }
   __syncthreads();
