@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     ptx::fence_proxy_async_smem();
   }
   if (threadIdx.x == 0) {
-    // Paged only: elsewhere the prefetch made the prefill rows 0.5-1% slower (docs/mqa512.md).
+    // Paged only: elsewhere the prefetch cost the prefill rows up to 1-3% (docs/mqa512.md).
     if constexpr (kPaged) mqa512_prefetch_descriptors(p, tmap_q, tmap_kv, tmap_c);
     mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p), p.split_merge > 1);
     if constexpr (kKeys == Mqa512Keys::kPagedStaged) {
