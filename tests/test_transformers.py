@@ -110,6 +110,54 @@ def test_deepseek_v4_fp32_matches_eager(device):
     assert ours.config._attn_implementation == "dsv4_attn"
 
 
+class _TopkCalls(torch.overrides.TorchFunctionMode):
+    """Records the input shapes of every torch top-k call made under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.topk, torch.Tensor.topk):
+            self.shapes.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("seq", [3, 40, 300])  # no closed row, some, more than index_topk
+def test_deepseek_v4_indexer_returns_the_ops_picks(device, seq):
+    """The routed indexer returns the op's picks from inside its own forward: the eager
+    indexer's output, exactly, with no top-k over a (B, S, Sc) score tensor (the model's
+    masked scores are never built)."""
+    eager = _tiny_deepseek_v4().to(device)
+    ours = enable(copy.deepcopy(eager))
+    [(name, mine)] = [(n, m) for n, m in ours.named_modules() if n.endswith("indexer")]
+    theirs = eager.get_submodule(name)
+    scores = {}
+    theirs.scorer.register_forward_hook(lambda module, args, out: scores.update(eager=out))
+    g = torch.Generator().manual_seed(seq)
+    hidden = torch.randn(2, seq, 64, generator=g).to(device)
+    q_residual = torch.randn(2, seq, 32, generator=g).to(device)
+    positions = torch.arange(seq).expand(2, seq).to(device)
+    with torch.no_grad():
+        want = theirs(hidden, q_residual, positions, None, 1)
+        with _TopkCalls() as topk:
+            got = mine(hidden, q_residual, positions, None, 1)
+    assert got.dtype == want.dtype == torch.int64 and got.shape == want.shape
+    assert torch.equal(got < 0, want < 0)  # as many visible rows, the -1s last
+    # The same rows in the same order, but where scores tie (rows whose every head's product
+    # is negative score exactly 0) the op takes the lower row and torch.topk any: compare the
+    # eager scores of both picks, rank by rank.
+    eager_scores = scores["eager"]
+    score_of = lambda picks: eager_scores.gather(-1, picks.clamp(min=0))
+    torch.testing.assert_close(score_of(got), score_of(want), rtol=1e-5, atol=1e-7)
+    untied = score_of(want) > score_of(want)[..., -1:] + 1e-6  # above the k-th, not tied to it
+    assert torch.equal(torch.where(untied, got, 0).sort(-1).values,
+                       torch.where(untied, want, 0).sort(-1).values)
+    closed = seq // 4
+    assert topk.shapes == ([(2, seq, 0)] if closed == 0 else []), topk.shapes
+    assert mine._dsv4_calls == (1 if closed else 0)
+
+
 def test_deepseek_v4_bf16_flash_attention_rule(device):
     ref32 = _tiny_deepseek_v4().to(device)
     eager16 = copy.deepcopy(ref32).to(torch.bfloat16)

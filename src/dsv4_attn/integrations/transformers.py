@@ -4,7 +4,8 @@
   HCA, in prefill and in cached decode, runs through ``torch.ops.dsv4.dsv4_attention``. The
   function is registered as the attention implementation ``"dsv4_attn"``. Each CSA layer's
   lightning indexer scores and picks its top-k through ``torch.ops.dsv4.dsv4_indexer_topk``
-  (exact mode, fp32 as the model scores).
+  (exact mode, fp32 as the model scores), and its forward returns the op's picks: the
+  model's (B, S, Sc) scores and their top-k are never built.
 - Qwen3-Next (``model_type == "qwen3_next"``): every Gated DeltaNet layer runs through
   ``torch.ops.dsv4.chunk_gated_delta_rule`` (with ``use_qk_l2norm_in_kernel``) for the chunked
   prefill, and ``torch.ops.dsv4.gated_delta_rule_decode`` for the cached decode steps.
@@ -115,39 +116,52 @@ def _remember_topk(attn, indexer, args, output):
     attn._dsv4_step["topk"] = output  # (B, Sq, K) int64, -1 where nothing is selected
 
 
+class _IndexerPicks(Exception):
+    """The op's picks, carried out of the indexer's forward from inside its scorer."""
+
+    def __init__(self, picks: torch.Tensor):
+        super().__init__()
+        self.picks = picks
+
+
 def _route_indexer(indexer) -> None:
-    """The indexer's scoring and top-k through dsv4_indexer_topk (exact mode). Its scorer
-    module keeps its weights and is called as before, but returns scores that only encode the
-    op's ranking: the op's picks get k, k - 1, ..., 1 in its order, the other rows 0. The model's
-    own causal mask and topk over them then return exactly the op's picks (its rows that are not
-    yet closed get -inf and become -1, as before)."""
-    scorer = indexer.scorer
+    """The indexer's scoring and top-k through dsv4_indexer_topk (exact mode). The indexer's
+    forward runs as before (its compressor and cache updates all come before the scorer), and
+    its scorer calls the op and raises the picks, which the indexer's forward returns: the
+    model's own causal mask and topk over a (B, S, Sc) fp32 score tensor, the rest of that
+    forward, never run. The op gives what they would: the visible rows best first, then -1."""
     if not _mark(indexer):
         return
-    indexer.register_forward_pre_hook(_remember_positions)
+    scorer = indexer.scorer
     scorer.forward = types.MethodType(functools.partial(_indexer_scores, indexer), scorer)
+    indexer.forward = types.MethodType(_indexer_forward, indexer)
 
 
-def _remember_positions(indexer, args):
-    indexer._dsv4_positions = args[2]  # forward(hidden_states, q_residual, position_ids, ...)
+def _indexer_forward(indexer, hidden_states, q_residual, position_ids, *args, **kwargs):
+    """DeepseekV4Indexer.forward, returning the picks its scorer raises."""
+    indexer._dsv4_positions = position_ids
+    try:
+        return type(indexer).forward(indexer, hidden_states, q_residual, position_ids, *args,
+                                     **kwargs)
+    except _IndexerPicks as done:
+        return done.picks
 
 
 def _indexer_scores(indexer, scorer, q, compressed_kv, hidden_states):
-    """DeepseekV4IndexerScorer.forward's contract: q (B, S, H, d), compressed_kv (B, T, d),
-    hidden_states (B, S, hidden) -> (B, S, T) scores, here the op's ranking (see _route_indexer)."""
-    batch, seq, n_rows = q.shape[0], q.shape[1], compressed_kv.shape[1]
+    """DeepseekV4IndexerScorer.forward's arguments: q (B, S, H, d), compressed_kv (B, T, d),
+    hidden_states (B, S, hidden). Raises the op's picks (B, S, min(topk, T)) int64 for the
+    indexer's forward to return (see _route_indexer); with no compressed rows it returns the
+    model's empty (B, S, 0) scores instead."""
+    n_rows = compressed_kv.shape[1]
     top_k = min(indexer.index_topk, n_rows)
-    scores = q.new_zeros((batch, seq, n_rows + 1), dtype=torch.float32)  # + a column for -1
     if top_k == 0:
-        return scores[..., :n_rows]
+        return q.new_zeros((q.shape[0], q.shape[1], n_rows), dtype=torch.float32)
     weights = scorer.weights_proj(hidden_states).float() * scorer.weights_scaling
     picks = torch.ops.dsv4.dsv4_indexer_topk(
         q.float(), compressed_kv.float(), weights, indexer._dsv4_positions,
         topk=top_k, compress_ratio=indexer.compress_rate, scale=scorer.softmax_scale)
-    rank = torch.arange(top_k, 0, -1, dtype=torch.float32, device=q.device).expand_as(picks)
-    scores.scatter_(-1, torch.where(picks >= 0, picks, n_rows).long(), rank)
     indexer._dsv4_calls += 1
-    return scores[..., :n_rows]
+    raise _IndexerPicks(picks.long())  # the model's dtype for indices
 
 
 def _deepseek_v4_attention(module, query, key, value, attention_mask, scaling, dropout=0.0,
