@@ -128,6 +128,11 @@ def test_bad_inputs_name_the_argument():
     slots = torch.zeros(3, 4, dtype=torch.int32)
     lens = torch.full((3,), 4, dtype=torch.int32)
     call = dsv4_attn.dsv4_attention_paged
+    raw = torch.zeros(4 * cache.stride(0), dtype=torch.uint8)
+
+    def laid_out(block_stride, row_stride):  # (2, 64, 1, 584) over other strides
+        return raw.as_strided(cache.shape, (block_stride, row_stride, row_stride, 1))
+
     bad = [
         (lambda: call(q.float(), cache, slots), "q must be bf16 or fp16"),
         (lambda: call(q[..., :256], cache, slots), "q.size(2)"),
@@ -147,6 +152,13 @@ def test_bad_inputs_name_the_argument():
         (lambda: call(q, cache, slots, out=torch.empty(8, 3, D).bfloat16().transpose(0, 1)),
          "out must be a contiguous tensor"),
         (lambda: call(q, cache, slots, scale=math.inf), "scale must be finite"),
+        (lambda: call(q, laid_out(cache.stride(0), 600), slots),
+         "window_cache must be a view of whole blocks"),
+        (lambda: call(q, laid_out(RECORD * 63, RECORD), slots),
+         "window_cache.stride(0) (bytes per block) must be a multiple of 576"),
+        (lambda: call(q, cache, slots, compressed_cache=laid_out(cache.stride(0) + 8, RECORD),
+                      compressed_slots=slots),
+         "compressed_cache.stride(0) (bytes per block) must be a multiple of 576"),
     ]
     for fn, text in bad:
         with pytest.raises(RuntimeError, match=text.replace("(", r"\(").replace(")", r"\)")):

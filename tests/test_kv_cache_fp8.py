@@ -191,6 +191,17 @@ def test_bad_inputs_name_the_argument():
         (lambda: dsv4_attn.kv_cache_gather_fp8(cache, slots, torch.int8), "dtype must be"),
         (lambda: dsv4_attn.kv_cache_gather_fp8(cache, slots[None]), "slots must be 1-D"),
     ]
+    # Layouts that are not whole blocks of 584-byte records: rows 600 bytes apart, a byte
+    # stride of 2, blocks 584 bytes short of padded (each through both ops).
+    raw = torch.zeros(4 * block_bytes(64), dtype=torch.uint8)
+    gapped = raw.as_strided((2, 64, 1, RECORD), (block_bytes(64) + DATA, 600, 600, 1))
+    spread = raw.as_strided((2, 64, 1, RECORD), (2 * block_bytes(64), 2 * RECORD, 2 * RECORD, 2))
+    short = raw.as_strided((2, 64, 1, RECORD), (64 * RECORD - RECORD, RECORD, RECORD, 1))
+    for bad_cache, text in ((gapped, "cache must be a view of whole blocks, strides"),
+                            (spread, "cache must be a view of whole blocks, strides"),
+                            (short, "cache.stride(0) (bytes per block) must be a multiple of 576")):
+        bad.append((lambda c=bad_cache: dsv4_attn.kv_cache_insert_fp8(kv, c, slots), text))
+        bad.append((lambda c=bad_cache: dsv4_attn.kv_cache_gather_fp8(c, slots), text))
     for call, text in bad:
         with pytest.raises(RuntimeError, match=text.replace("(", r"\(").replace(")", r"\)")):
             call()
