@@ -1,7 +1,8 @@
 """gated_delta_rule_decode: one decode step of the gated delta rule over a state pool, against
 the float64 oracle (reference.gated_delta_rule from the same state), against the chunk op (a
 sequence decoded token by token equals one chunked call), and, on a Hopper GPU, the sm90
-kernel against the reference path. Pools with -1 and shuffled slots, T = 1 to 4, fp32 and bf16
+kernel against the reference path, against the oracle with poisoned outputs, and decoding a
+sequence step by step against the sm90 chunk kernel. Pools with -1 and shuffled slots, T = 1 to 4, fp32 and bf16
 states, qk l2norm, CUDA-graph replay, bad inputs.
 """
 import pytest
@@ -10,7 +11,7 @@ import torch
 import dsv4_attn
 from dsv4_attn import reference as ref
 
-from conftest import stable_seed
+from conftest import poison_allocator, rel_rms, stable_seed
 from test_fmha_sm90 import needs_sm90
 
 
@@ -205,3 +206,57 @@ def test_decode_kernel_in_a_cuda_graph():
         check = pool.clone()
         want = dsv4_attn.gated_delta_rule_decode(q, k, v, g, beta, check, state_indices=idx)
         assert torch.equal(o, want) and torch.equal(state, check)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("t", [1, 2])
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_decode_kernel_against_oracle_with_poisoned_outputs(t, l2norm):
+    """The kernel (K = V = 128) against the float64 oracle, its output allocated over NaN
+    bytes: skipped sequences come back as zeros, the others within bf16's error."""
+    gen = torch.Generator(device="cuda").manual_seed(stable_seed("decode-oracle", t, l2norm))
+    b, h, hv, d = 5, 2, 4, 128
+    q, k, v, g, beta = _inputs(b, t, h, hv, d, torch.bfloat16, gen, "cuda")
+    pool = torch.randn(12, hv, d, d, generator=gen, device="cuda") * 0.1
+    idx = torch.randperm(12, generator=gen, device="cuda")[:b]
+    idx[1] = -1
+    state = pool.clone()
+    assert dsv4_attn.gated_delta_rule_decode_path(q, k, v, g, beta, state,
+                                                  state_indices=idx) == "sm90"
+    live = (idx >= 0).cpu()
+    want_o, want_s = _oracle(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(),
+                             pool[idx.clamp(min=0)].cpu(), l2norm)
+    poison_allocator(v.numel() * v.element_size() + (1 << 20), "cuda")
+    o = dsv4_attn.gated_delta_rule_decode(q, k, v, g, beta, state, state_indices=idx,
+                                          use_qk_l2norm_in_kernel=l2norm)
+    o = o.cpu().double()
+    assert torch.equal(o[~live], torch.zeros_like(o[~live]))
+    scale = max(1.0, want_o[live].abs().max().item())
+    assert (o[live] - want_o[live]).abs().max().item() <= 2e-2 * scale
+    got_s = state[idx[live.cuda()]].cpu().double()
+    assert (got_s - want_s[live]).abs().max().item() <= 1e-3 * max(1.0, want_s.abs().max().item())
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_decode_kernel_steps_equal_the_chunk_kernel():
+    """A sequence decoded token by token on the decode kernel equals one call of the sm90
+    chunk kernel over the same tokens, outputs and final state."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    b, t, h, hv, d = 2, 6, 2, 4, 128
+    q, k, v, g, beta = _inputs(b, t, h, hv, d, torch.bfloat16, gen, "cuda")
+    start = torch.randn(b, hv, d, d, generator=gen, device="cuda") * 0.1
+    assert dsv4_attn.chunk_gated_delta_rule_path(q, k, v, g, beta, initial_state=start,
+                                                 output_final_state=True) == "sm90"
+    o_chunk, s_chunk = dsv4_attn.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=start,
+                                                        output_final_state=True)
+    state = start.clone()
+    outs = []
+    for i in range(t):
+        step = [x[:, i:i + 1] for x in (q, k, v, g, beta)]
+        assert dsv4_attn.gated_delta_rule_decode_path(*step, state) == "sm90"
+        outs.append(dsv4_attn.gated_delta_rule_decode(*step, state))
+    # The chunk kernel is within 5e-3 rel-RMS of the oracle (test_chunk_sm90), the steps closer.
+    assert rel_rms(torch.cat(outs, 1), o_chunk) <= 1e-2
+    assert rel_rms(state, s_chunk) <= 1e-2
