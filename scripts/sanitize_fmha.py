@@ -73,6 +73,22 @@ for narrow in ("1", "0"):
     print(f"sanitize_fmha: dsv4_attention CSA at 8 heads ({plan}) ran, outputs finite")
 del os.environ["DSV4_MQA512_NARROW"]
 
+# Tensor-parallel head counts on 64-row tiles of several tokens, each token's rows in turn:
+# CSA at 16 and 32 heads (4 and 2 tokens a tile), HCA at 8 and 32 heads (8 and 2).
+os.environ["DSV4_MQA512_NARROW"] = "0"
+for hq, layer in ((16, "CSA"), (32, "CSA"), (8, "HCA"), (32, "HCA")):
+    qh = torch.randn(1, 100, hq, 512, device="cuda", dtype=torch.bfloat16)
+    kwh = dict(sinks=torch.randn(hq, device="cuda"), compressed_kv=comp, compress_ratio=4)
+    if layer == "CSA":
+        kwh["topk_indices"] = topk[:, :100]
+    plan = dsv4_attn.launch_plan("dsv4_attention", qh, kv, **kwh)
+    assert f"tile={64 // hq}x{hq} " in plan, plan
+    out, lse = dsv4_attn.dsv4_attention(qh, kv, return_lse=True, **kwh)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    print(f"sanitize_fmha: dsv4_attention {layer} at {hq} heads ({plan}) ran, outputs finite")
+del os.environ["DSV4_MQA512_NARROW"]
+
 # Split-KV decode: 2 work tiles over 132 SMs, so each key range is cut and combined.
 q = torch.randn(1, 1, 128, 512, device="cuda", dtype=torch.bfloat16)
 kv = torch.randn(1, 1500, 1, 512, device="cuda", dtype=torch.bfloat16)

@@ -162,6 +162,8 @@ CASES = [
     (2, 1, 1000, 128, 128, 128, 7, True),   # HCA decode (Sc = 1000 // 128)
     (1, 300, 300, 64, 128, 128, 2, True),   # HCA prefill, two closed rows at the end
     (1, 150, 520, 16, 127, 4, 130, False),  # HCA r=4, 4 tokens x 16 heads per tile
+    (1, 130, 2200, 8, 128, 128, 17, True),  # HCA r=128, 8 tokens x 8 heads, an 8k-style chunk
+    (2, 40, 600, 32, 128, 4, 150, True),    # HCA r=4, 2 tokens x 32 heads
     (1, 257, 257, 64, 1, 4, 64, True),
     (1, 100, 100, 64, 0, 0, 0, False),      # nothing visible: out 0, lse -inf
 ]
@@ -333,6 +335,9 @@ VARLEN_CASES = [
     ((1, 1, 1, 1), (2100, 17, 4, 1300), 128, 128, 4, 512),           # CSA decode
     ((5, 130, 1, 64), (300, 130, 700, 64), 16, 128, 4, 64),          # CSA, 4 tokens x 16 heads
     ((3, 70, 1), (500, 70, 900), 8, 128, 4, 128),                    # CSA, 8 tokens x 8 heads
+    # A fresh prompt beside chunks at long context (4k and 6k tokens in, 1-2k rows closed).
+    ((64, 100, 1), (64, 4200, 6000), 32, 128, 4, 512),               # CSA, 2 tokens x 32 heads
+    ((100, 3, 64), (100, 5000, 6000), 8, 128, 128, 0),               # HCA, 8 tokens x 8 heads
 ]
 
 
