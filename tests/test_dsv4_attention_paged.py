@@ -16,7 +16,7 @@ import dsv4_attn
 from dsv4_attn import reference as ref
 
 from conftest import assert_close_to_ref, assert_lse_close, poison_allocator, randn, stable_seed
-from test_fmha_sm90 import needs_sm90
+from test_fmha_sm90 import _is_sm90, needs_sm90
 
 D, RECORD, DATA = 512, 584, 576
 
@@ -234,6 +234,8 @@ def test_decode_step_in_a_cuda_graph():
     kw = dict(window_lengths=wl, compressed_cache=c_cache, compressed_slots=cs,
               compressed_lengths=cl, sinks=sinks)
     out = torch.empty_like(q)
+    if _is_sm90():  # the kernel is what an engine captures on Hopper
+        assert dsv4_attn.dsv4_attention_paged_path(q, cache, ws, **kw) == "sm90"
     dsv4_attn.dsv4_attention_paged(q, cache, ws, out=out, **kw)  # warm up the allocator
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
