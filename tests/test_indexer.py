@@ -101,6 +101,31 @@ def test_indexer_fp8_with_row_scales(gen, device):
     assert torch.equal(got.cpu(), want)
 
 
+@pytest.mark.parametrize("h", [1, 8, 64])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("ratio", [1, 4])
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+def test_indexer_oracle_matrix(gen, device, h, d, ratio, mode):
+    """Issue 46's matrix, H 1/8/64 x D 64/128 x r 1/4 in both modes, exactly against the float64
+    oracle on small integers (a power-of-two scale and row scales keep every score exact). On a
+    Hopper GPU the D = 128, H >= 8 cases run the kernels, the rest the reference path."""
+    b, sq, sc, topk = 2, 40, 100 // ratio + 30, 32
+    q, k, w, pos = _case(gen, device, b, sq, sc, h, d)
+    kw = dict(topk=topk, compress_ratio=ratio, scale=0.5)
+    if mode == "fp8":
+        kw["k_scale"] = torch.exp2(_ints(gen, b, sc, device=device, lo=-1, hi=2))
+        q, k = q.to(torch.float8_e4m3fn), k.to(torch.float8_e4m3fn)
+    else:
+        q, k = q.bfloat16(), k.bfloat16()
+    got = dsv4_attn.dsv4_indexer_topk(q, k, w, pos, **kw)
+    want = ref.indexer_topk(q.float(), k.float(), w, pos, **kw)
+    assert got.dtype == torch.int32 and got.shape == (b, sq, topk)
+    assert torch.equal(got.cpu(), want.cpu())
+    kernel = _is_sm90() and device.type == "cuda" and d == 128 and h >= 8
+    assert dsv4_attn.dsv4_indexer_topk_path(q, k, w, pos, **kw) == ("sm90" if kernel
+                                                                    else "reference")
+
+
 def test_indexer_output_feeds_dsv4_attention(gen, device):
     """The indices are dsv4_attention's topk_indices for the same layer (Skv = 4 Sc tokens)."""
     sc, sq, h = 32, 128, 4

@@ -343,6 +343,23 @@ def test_kernel_in_a_cuda_graph():
         assert torch.equal(out.cpu(), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8], ids=["bf16", "fp8"])
+def test_workspace_under_64mb_at_a_128k_prompt(dtype):
+    """Issue 46's bound: a 128k prompt's scores go through a workspace of chunks, under 64 MB,
+    never a Sq x Sc tensor (the plan alone: nothing runs on these uninitialised tensors)."""
+    sq, sc, h = 131072, 32768, 64
+    q = torch.empty(1, sq, h, 128, device="cuda", dtype=dtype)
+    k = torch.empty(1, sc, 128, device="cuda", dtype=dtype)
+    w = torch.empty(1, sq, h, device="cuda")
+    pos = torch.arange(sq, device="cuda")[None]
+    kw = dict(topk=512, compress_ratio=4)
+    if dtype == FP8:
+        kw["k_scale"] = torch.ones(1, sc, device="cuda")
+    plan = dsv4_attn.launch_plan("dsv4_indexer_topk", q, k, w, pos, **kw)
+    assert plan.startswith("sm90 indexer "), plan
+    assert int(re.search(r" workspace=(\d+)MB", plan).group(1)) < 64, plan
+
+
 def test_route_names_its_reasons(monkeypatch):
     q, k, w, pos = _case("route", 1, 16, 64, 64, torch.bfloat16)
     plan = lambda *a, **kw: dsv4_attn.launch_plan("dsv4_indexer_topk", *a, topk=8,  # noqa: E731
