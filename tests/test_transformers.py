@@ -15,10 +15,12 @@ against the fp32 model (same bf16-rounded weights, same tokens), our error may b
 twice the model's own bf16 error plus a small term. Every enabled layer must have called a
 dsv4 op on every forward.
 """
+import collections
 import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 import transformers  # noqa: F401  (a hard requirement of the test extra)
 from transformers import (DeepseekV4Config, DeepseekV4ForCausalLM, Qwen3NextConfig,
                           Qwen3NextForCausalLM)
@@ -108,6 +110,19 @@ def test_deepseek_v4_fp32_matches_eager(device):
     assert len(calls) == 4 and set(calls.values()) == {1 + NEW_TOKENS}, calls
     assert any(name.endswith("indexer") for name in calls), calls
     assert ours.config._attn_implementation == "dsv4_attn"
+
+
+class _DsvOpCalls(TorchDispatchMode):
+    """Counts the dsv4 ops dispatched under it, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "dsv4":
+            self.count[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
 
 
 class _TopkCalls(torch.overrides.TorchFunctionMode):
@@ -210,8 +225,12 @@ def test_qwen3_next_fp32_matches_torch(device):
     ids = torch.randint(0, 128, (1, 200), generator=torch.Generator().manual_seed(4)).to(device)
     with torch.no_grad():
         assert _rel(ours(ids).logits, eager(ids).logits) < 1e-4
-    tokens, gen_logits = _generate(ours, ids)
+    with _DsvOpCalls() as ops:
+        tokens, gen_logits = _generate(ours, ids)
     want, _ = _stepwise_logits(eager, ids, tokens)
     assert _rel(gen_logits, want) < 1e-4
     calls = op_calls(ours)
     assert len(calls) == 3 and set(calls.values()) == {1 + NEW_TOKENS}, calls
+    # generate(): the prefill through the chunked op, every cached step through the decode op.
+    assert ops.count == {"chunk_gated_delta_rule": 3,
+                         "gated_delta_rule_decode": 3 * (NEW_TOKENS - 1)}, ops.count
