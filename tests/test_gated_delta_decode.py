@@ -118,6 +118,36 @@ def test_decode_bad_inputs_name_the_argument():
             call()
 
 
+def test_decode_strided_state_pool(device):
+    """A pool that is a strided view (HV-major storage) is updated in place like a contiguous
+    one (the kernel takes contiguous pools; this one runs on the reference path)."""
+    gen = torch.Generator(device=device).manual_seed(8)
+    q, k, v, g, beta = _inputs(3, 1, 2, 4, 16, torch.float32, gen, device)
+    storage = torch.randn(4, 6, 16, 16, generator=gen, device=device)
+    strided = storage.transpose(0, 1)  # (N, HV, K, V), not contiguous
+    dense = strided.contiguous()
+    idx = torch.tensor([4, -1, 0], device=device)
+    got = dsv4_attn.gated_delta_rule_decode(q, k, v, g, beta, strided, state_indices=idx)
+    want = dsv4_attn.gated_delta_rule_decode(q, k, v, g, beta, dense, state_indices=idx)
+    assert torch.equal(got, want) and torch.equal(strided, dense)
+    assert dsv4_attn.gated_delta_rule_decode_path(q, k, v, g, beta, strided,
+                                                  state_indices=idx) == "reference"
+
+
+@pytest.mark.gpu
+def test_decode_inputs_on_two_devices_name_the_argument():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    q, k, v, g, beta = (x.cuda() for x in _inputs(2, 1, 2, 4, 128, torch.bfloat16,
+                                                  torch.Generator().manual_seed(1), "cpu"))
+    state = torch.zeros(4, 4, 128, 128)
+    f = dsv4_attn.gated_delta_rule_decode
+    with pytest.raises(RuntimeError, match="state must be on the same device as q"):
+        f(q, k, v, g, beta, state)
+    with pytest.raises(RuntimeError, match="state_indices must be on the same device as q"):
+        f(q, k, v, g, beta, state.cuda(), state_indices=torch.arange(2))
+
+
 def test_decode_fake_kernel_and_compile():
     gen = torch.Generator().manual_seed(3)
     q, k, v, g, beta = _inputs(2, 1, 1, 2, 16, torch.float32, gen, "cpu")
