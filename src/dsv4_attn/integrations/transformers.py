@@ -5,7 +5,8 @@
   function is registered as the attention implementation ``"dsv4_attn"``. Each CSA layer's
   lightning indexer scores and picks its top-k through ``torch.ops.dsv4.dsv4_indexer_topk``
   (exact mode, fp32 as the model scores), and its forward returns the op's picks: the
-  model's (B, S, Sc) scores and their top-k are never built.
+  indexer's (B, S, Sc) scores and their top-k are never built (the compressors' block bias
+  still is).
 - Qwen3-Next (``model_type == "qwen3_next"``): every Gated DeltaNet layer runs through
   ``torch.ops.dsv4.chunk_gated_delta_rule`` (with ``use_qk_l2norm_in_kernel``) for the chunked
   prefill, and ``torch.ops.dsv4.gated_delta_rule_decode`` for the cached decode steps.
