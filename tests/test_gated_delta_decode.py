@@ -2,8 +2,8 @@
 the float64 oracle (reference.gated_delta_rule from the same state), against the chunk op (a
 sequence decoded token by token equals one chunked call), and, on a Hopper GPU, the sm90
 kernel against the reference path, against the oracle with poisoned outputs, and decoding a
-sequence step by step against the sm90 chunk kernel. Pools with -1 and shuffled slots, T = 1 to 4, fp32 and bf16
-states, qk l2norm, CUDA-graph replay, bad inputs.
+sequence step by step against the sm90 chunk kernel. Pools with -1 and shuffled slots, strided
+pools, T = 1 to 4, fp32 and bf16 states, qk l2norm, CUDA-graph replay, bad inputs.
 """
 import pytest
 import torch
