@@ -305,7 +305,7 @@ def paged_decode_peer_call(decode, q, window, ws, kw, heads):
 PAGED_DECODE = [  # (layer, B, Hq): issue 45's rows, 32k context
     *[(k, b, h) for b in (64, 8) for h in (64, 128)
       for k in ("CSA-512", "CSA-1024", "HCA", "sliding")],
-    *[(k, 64, h) for h in (8, 16, 32) for k in ("CSA-512", "HCA")],
+    *[(k, 64, h) for h in (8, 16, 32) for k in ("CSA-512", "CSA-1024", "HCA", "sliding")],
 ]
 
 
