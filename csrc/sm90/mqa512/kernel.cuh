@@ -141,9 +141,7 @@ __global__ void __launch_bounds__(Mqa512NarrowTraits<Element>::kThreads, 1)
     reinterpret_cast<uint4*>(&s.q[0][0][0])[i] = make_uint4(0u, 0u, 0u, 0u);
   }
   ptx::fence_proxy_async_smem();
-  if (threadIdx.x == 0) {
-    mqa512_narrow_init_barriers<T>(s, mqa512_sinks_with_q(p));
-  }
+  if (threadIdx.x == 0) mqa512_narrow_init_barriers<T>(s, mqa512_sinks_with_q(p));
   __syncthreads();
 
   if (threadIdx.x / 128 == 0) {
