@@ -25,6 +25,7 @@
 #include "ptx/cluster.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
+#include "ptx/tma.cuh"
 #include "sm90/mqa512/consumer.cuh"
 #include "sm90/mqa512/epilogue.cuh"
 #include "sm90/mqa512/narrow_consumer.cuh"
@@ -56,8 +57,10 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
     ptx::fence_proxy_async_smem();
   }
   if (threadIdx.x == 0) {
-    // Paged only: elsewhere the prefetch cost the prefill rows up to 1-3% (docs/mqa512.md).
-    if constexpr (kPaged) mqa512_prefetch_descriptors(p, tmap_q, tmap_kv, tmap_c);
+    // Paged: Q's map (its only one; the keys come by cp.async) on its way into the descriptor
+    // cache before the first issue (a parameter: fine before griddep_wait). Elsewhere the
+    // prefetch cost the prefill rows up to 1-3% (docs/mqa512.md).
+    if constexpr (kPaged) ptx::tma_prefetch_descriptor(&tmap_q);
     mqa512_init_barriers<T>(s, mqa512_sinks_with_q(p), p.split_merge > 1);
     if constexpr (kKeys == Mqa512Keys::kPagedStaged) {
       for (int stage = 0; stage < 2; ++stage) {

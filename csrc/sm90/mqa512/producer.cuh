@@ -38,18 +38,6 @@ struct Mqa512KeyRows {
   const Element* rows;
 };
 
-// The tensor maps the kernel will use, on their way into the descriptor cache: called by one
-// thread as the kernel starts (they are kernel parameters, so before the programmatic dependent
-// launch's wait too), so that the first TMA issue does not wait for its map.
-__device__ __forceinline__ void mqa512_prefetch_descriptors(const Mqa512Sm90Params& p,
-                                                            const CUtensorMap& tmap_q,
-                                                            const CUtensorMap& tmap_kv,
-                                                            const CUtensorMap& tmap_c) {
-  ptx::tma_prefetch_descriptor(&tmap_q);
-  if (p.use_kv) ptx::tma_prefetch_descriptor(&tmap_kv);
-  if (p.compress_ratio > 0 && p.topk == nullptr && !p.paged) ptx::tma_prefetch_descriptor(&tmap_c);
-}
-
 // Warps 2s and 2s + 1 fill stage s, each its alternate 64-column blocks (warp 0 also loads Q):
 // each stage is refilled as soon as its own consumers release it, never behind the other
 // stage's wait, and two warps issue its boxes. The narrow form (Traits = Mqa512NarrowTraits)
