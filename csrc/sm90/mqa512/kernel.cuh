@@ -109,6 +109,7 @@ __global__ void __launch_bounds__(Mqa512Sm90Traits<Element>::kThreads, 1)
       }
       progress.finish_keys(n);
     }
+    if (p.split_merge > 1) mqa512_producer_leaves_stages(s);
     mqa512_leave_cluster(p);
     return;
   }

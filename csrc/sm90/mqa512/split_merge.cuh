@@ -3,13 +3,14 @@
 // against its reference max m_run, and each row's sum. It owns out's columns [256 k, 256 k +
 // 256), consumer k's in either CTA: the other CTA's consumer k sends its O and each row's
 // (m_run, sum) through distributed shared memory into this CTA's key stages (free once both
-// its consumers' last P V is done), and consumer k here folds them in as the split-KV combine
-// would. No fp32 partials reach global memory, and no combine kernel runs.
+// its consumers' last P V is done and its producer's copies have landed), and consumer k here
+// folds them in as the split-KV combine would. No fp32 partials reach global memory, and no combine kernel runs.
 #pragma once
 
 #include <cstdint>
 
 #include "ptx/cluster.cuh"
+#include "ptx/cp_async.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/sync.cuh"
@@ -18,6 +19,23 @@
 #include "sm90/shared/trace.cuh"
 
 namespace dsv4 {
+
+// Every thread of the CTA, once it is done with this CTA's key stages (a consumer: its last
+// wgmma; the producer: its copies landed), tells the other CTA, whose sender will store there:
+// merge_free counts all of them. Each thread releases its own accesses, so the order is plain
+// to compute-sanitizer's racecheck too (with one arrival after a named barrier, it flagged the
+// gathered keys' cp.async writes against the other CTA's stores).
+template <typename Storage>
+__device__ __forceinline__ void mqa512_release_stages_to_peer(Storage& s, uint32_t rank) {
+  ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_free), rank ^ 1));
+}
+
+// The producer's part, after its one work tile (plan.h: a merging CTA holds one).
+template <typename Storage>
+__device__ __forceinline__ void mqa512_producer_leaves_stages(Storage& s) {
+  ptx::cp_async_wait_all();
+  mqa512_release_stages_to_peer(s, ptx::cluster_ctarank());
+}
 
 // Consumer c's part of the merge; total: its rows' sums over this CTA's split (both consumers',
 // against c.m_run). Returns whether c owns its columns: then c.o, c.m_run and total hold both
@@ -34,8 +52,9 @@ __device__ __forceinline__ bool mqa512_merge_splits(Mqa512Consumer<Element, kKey
   float4* const record = rows + 32 * 128;
   static_assert(sizeof(s.kv) >= 33 * 128 * 16, "a consumer's columns fit the stages");
 
+  // This consumer's wgmmas are done: its part of this CTA's stages is free.
+  mqa512_release_stages_to_peer(s, rank);
   if (c.wg != static_cast<int>(rank)) {  // the other CTA owns these columns: send them
-    ptx::named_barrier_arrive(kStagesDrained, 256);  // this consumer's wgmmas are done
     ptx::mbarrier_wait_cluster(ptx::smem_addr(&s.merge_free), 0);
     DSV4_TRACE_STAMP(c.wg, kTraceMergeFree, tid == 0);
     const uint32_t dst = ptx::map_to_rank(ptx::smem_addr(rows + tid), rank ^ 1);
@@ -49,12 +68,6 @@ __device__ __forceinline__ bool mqa512_merge_splits(Mqa512Consumer<Element, kKey
     ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_full), rank ^ 1));
     DSV4_TRACE_STAMP(c.wg, kTraceMergeSent, tid == 0);
     return false;
-  }
-  // Once the other consumer's wgmmas here are done too (its last P V read the stages), the
-  // stages may take the other CTA's rows.
-  ptx::named_barrier_sync(kStagesDrained, 256);
-  if (tid == 0) {
-    ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_free), rank ^ 1));
   }
   ptx::mbarrier_wait_cluster(ptx::smem_addr(&s.merge_full), 0);
   DSV4_TRACE_STAMP(c.wg, kTraceMergeIn, tid == 0);

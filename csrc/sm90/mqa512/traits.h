@@ -70,10 +70,10 @@
 //                     reads) is converted -> consumer 1 - s, before that P V (it shares
 //                     kv_full's parities)
 //   merge_free        split_merge (a cluster of two CTAs, the splits of one work tile; this
-//                     CTA's rank k): one arrival from the other CTA's consumer 1 - k (the one
-//                     that stores there) once both its consumers' wgmmas are done (named
-//                     barrier kStagesDrained), so its key stages may take rows -> consumer
-//                     1 - k here, before it sends its columns there
+//                     CTA's rank k): kThreads arrivals, every thread of the other CTA once it
+//                     is done with its key stages (consumers: their last wgmma; producer: its
+//                     copies landed), so they may take rows -> consumer 1 - k here, before it
+//                     sends its columns there
 //   merge_full        split_merge: 128 arrivals, the other CTA's consumer k after sending its
 //                     columns -> consumer k here, before the merge (split_merge.cuh). Both
 //                     complete once: one work tile per CTA.
@@ -249,7 +249,6 @@ enum Mqa512Handoff : int {
 enum Mqa512Barrier : uint32_t {
   kPOwn0Ready = 1,  // consumer 0 only (128 threads): all of it stored p_own0
   kPagedBlockConverted = 2,  // the paged seesaw kernel, + consumer: see the protocol above
-  kStagesDrained = 4,  // split_merge, both consumers (256 threads): every wgmma of theirs is done
   // The narrow form, consumer c's 128 threads: 2 + c its warps' head maxima written, 4 + c its
   // P^T stored, 6 + c (when it merges) its warps' sums written, the other's partial read, its
   // rows staged.
@@ -282,7 +281,7 @@ __device__ __forceinline__ void mqa512_init_barriers(Storage& s, bool sinks_with
     ptx::mbarrier_init(ptx::smem_addr(&s.tile_empty[slot]), 8 * Traits::kTileCopyLanes);
   }
   if (split_merge) {
-    ptx::mbarrier_init(ptx::smem_addr(&s.merge_free), 1);
+    ptx::mbarrier_init(ptx::smem_addr(&s.merge_free), Traits::kThreads);
     ptx::mbarrier_init(ptx::smem_addr(&s.merge_full), 128);
   }
   ptx::fence_barrier_init();
