@@ -15,11 +15,8 @@
 //                      storing CTA's own bytes, and a CTA-wide barrier before the stores is
 //                      what it needs
 //   unsynced           the stores with no barrier at all: racecheck must flag this one
-// Build and run on an sm_90a device:
-//   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I../../../csrc \
-//     cluster_handoff.cu -o /tmp/cluster_handoff
-//   for m in cp_async cp_async_shifted generic_shifted cp_async_shifted_synced unsynced; do
-//     compute-sanitizer --tool racecheck /tmp/cluster_handoff $m; done
+// On an sm_90a device, `bash run.sh` (beside this file) builds it and runs every mode under
+// racecheck, a line each.
 #include <cuda_runtime.h>
 
 #include <cstdio>
