@@ -106,7 +106,8 @@ def sparse_topk(b, sq, k, sc, gen):
 
 
 def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, seed=0,
-          q_view=False, topk_k=0, padded_lists=False, sparse_lists=False):
+          q_view=False, topk_k=0, padded_lists=False, sparse_lists=False, plan_has=(),
+          repeats=1):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen, device="cuda").to(dtype)  # noqa: E731
     q = rand(b, h, sq, D).transpose(1, 2) if q_view else rand(b, sq, h, D)
@@ -127,6 +128,8 @@ def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, se
             topk[..., -1] = topk[..., 0]
         kw["topk_indices"] = topk.int()
     assert dsv4_attn.dsv4_attention_path(q, kv, **kw) == "sm90"
+    plan = dsv4_attn.launch_plan("dsv4_attention", q, kv, **kw)
+    assert all(part in plan for part in plan_has), plan
     poison_allocator(2 * b * sq * h * D * 4 + (1 << 20), "cuda")
     out, lse = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
     want_out, want_lse = ref.dsv4_attention(q, kv, **kw)
@@ -146,8 +149,9 @@ def check(b, sq, skv, h, window, ratio, sc, with_sinks, dtype=torch.bfloat16, se
         err = (lse.double() - want_lse)[finite].abs().max().item()
         tol = 2 * (low_lse.double() - want_lse)[finite].abs().max().item() + 1e-3
         assert err <= tol, f"lse error {err:.3e} > {tol:.3e}"
-    again = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
-    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+    for _ in range(repeats):
+        again = dsv4_attn.dsv4_attention(q, kv, return_lse=True, **kw)
+        assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
 
 
 # (B, Sq, Skv, Hq, window, ratio, Sc, sinks)
@@ -195,6 +199,20 @@ CSA_CASES = [
 @pytest.mark.parametrize("b,sq,skv,h,window,sc,k", CSA_CASES)
 def test_dsv4_sm90_csa_matches_oracle(b, sq, skv, h, window, sc, k):
     check(b, sq, skv, h, window, 4, sc, True, topk_k=k, seed=stable_seed(b, sq, skv, h, k))
+
+
+@pytest.mark.parametrize("merge", ["cluster", "combine"])
+def test_dsv4_sm90_csa_split_merge_with_gathered_keys(monkeypatch, merge):
+    """CSA at 32 heads on 64-row tiles of two tokens, each tile's keys cut in two splits: the
+    splits merge in a cluster of two CTAs (the other CTA's partial O lands in the key stages the
+    gather filled) or by the combine kernel. Against the oracle, and bitwise equal over ten
+    calls, so a race between the gather and the merge's stores would show (racecheck reports
+    that pair; docs/mqa512.md, Next)."""
+    monkeypatch.setenv("DSV4_MQA512_NARROW", "0")
+    monkeypatch.setenv("DSV4_SPLIT_KV", "2")
+    monkeypatch.setenv("DSV4_MQA512_SPLIT_MERGE", merge)
+    check(1, 100, 400, 32, 128, 4, 100, True, topk_k=96, seed=44, repeats=10,
+          plan_has=("tile=2x32 ", f" splits=2 merge={merge} ", "keys=gathered"))
 
 
 # (B, Sq, Skv, Hq, K): lists padded with -1 as an indexer gives them, on a fresh prompt (the
