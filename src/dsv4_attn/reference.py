@@ -432,12 +432,16 @@ def indexer_scores(q: Tensor, k: Tensor, weights: Tensor, positions: Tensor, com
 
 
 def _topk_rows(score: Tensor, topk: int) -> Tensor:
-    """Row indices by score, best first, ties to the lower row, -1 past the visible rows."""
+    """Row indices by score, best first, ties to the lower row (-0 ties with +0), -1 past the
+    visible rows (a NaN score is not visible)."""
     out = torch.full((score.shape[0], topk), -1, dtype=torch.int32)
-    for i in range(score.shape[0]):
-        rows = sorted((s for s in range(score.shape[1]) if score[i, s] > -math.inf),
-                      key=lambda s: (-score[i, s].item(), s))[:topk]
-        out[i, :len(rows)] = torch.tensor(rows, dtype=torch.int32)
+    if score.shape[1] == 0:
+        return out
+    # + 0.0 turns -0 into +0; a stable descending sort keeps equal scores in row order.
+    key = torch.where(torch.isnan(score), -math.inf, score + 0.0)
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :topk]
+    visible = key.gather(1, order) > -math.inf
+    out[:, :order.shape[1]] = torch.where(visible, order, -1).to(torch.int32)
     return out
 
 
