@@ -4,7 +4,8 @@
 // 256), consumer k's in either CTA: the other CTA's consumer k sends its O and each row's
 // (m_run, sum) through distributed shared memory into this CTA's key stages (free once both
 // its consumers' last P V is done and its producer's copies have landed), and consumer k here
-// folds them in as the split-KV combine would. No fp32 partials reach global memory, and no combine kernel runs.
+// folds them in as the split-KV combine would. No fp32 partials reach global memory, and no
+// combine kernel runs.
 #pragma once
 
 #include <cstdint>
