@@ -152,24 +152,26 @@ def _dsv4_sequence(q, kv, comp, topk, sinks, scale, window, ratio):
     lse = torch.full((h, sq), -math.inf, dtype=torch.float64)
     for i in range(sq):
         t = skv - sq + i  # bottom-right aligned position of query i
-        keys = [kv[j] for j in range(max(0, t - window + 1), t + 1)]
+        parts = [kv[max(0, t - window + 1):max(0, t + 1)]]  # rows t - window < j <= t
         if comp is not None:
             closed = min(comp.shape[0], (t + 1) // ratio) if t + 1 > 0 else 0
             if topk is None:
-                keys += [comp[w] for w in range(closed)]
-            else:
-                keys += [comp[w] for w in topk[i].tolist() if 0 <= w < closed]
-        logits = [scale * (q[i] @ key) for key in keys]  # each (H,)
-        if sinks is not None:
-            logits.append(sinks)  # the sink joins the denominator and carries no value
-        if not logits:
+                parts.append(comp[:closed])
+            else:  # the listed rows in list order, repeats kept, those out of range skipped
+                listed = topk[i]
+                parts.append(comp[listed[(listed >= 0) & (listed < closed)]])
+        keys = torch.cat(parts)  # (n, D)
+        n = keys.shape[0]
+        if n == 0 and sinks is None:
             continue  # nothing visible and no sink: out 0, lse -inf
-        s = torch.stack(logits, dim=-1)  # (H, n)
+        s = scale * (q[i] @ keys.T)  # (H, n)
+        if sinks is not None:  # the sink joins the denominator and carries no value
+            s = torch.cat([s, sinks[:, None]], dim=-1)
         m = s.amax(dim=-1, keepdim=True)
         e = torch.exp(s - m)
         z = e.sum(dim=-1, keepdim=True)
-        if keys:
-            out[i] = (e[:, :len(keys)] / z) @ torch.stack(keys)
+        if n:
+            out[i] = (e[:, :n] / z) @ keys
         lse[:, i] = (torch.log(z) + m).squeeze(-1)
     return out, lse
 
