@@ -164,6 +164,11 @@ fi
 for name in build tests memcheck racecheck main ab_sass ab_ops bench_fmha bench_chunk bench_dsv4; do
   [ -n "${STATUS[$name]+x}" ] && printf '%-10s %s\n' "$name" "${STATUS[$name]}"
 done
+for tool in memcheck racecheck; do  # a failed sanitizer: which script, and how many reports
+  [[ "${STATUS[$tool]:-}" == FAIL* ]] || continue
+  echo "---- $tool, each script's summary"
+  grep -E "^---- |(ERROR|RACECHECK) SUMMARY" "$OUT/$tool.log"
+done
 if [ -n "$AB_BASE" ]; then
   echo "---- base build: ptxas $(grep -c 'spill stores' "$OUT/build_base.log") kernels"
   echo "---- kernel_sass compare (base vs this)"; grep -v "^[0-9]* kernels from" "$OUT/ab_sass.log" | tail -n 12
