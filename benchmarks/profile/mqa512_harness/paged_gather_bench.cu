@@ -6,6 +6,8 @@
 //   0  the producer's: lane 4q + part copies 16 B of rows q + 8i, blocks 128 bytes apart
 //   1  the same map, the warp's two blocks adjacent (64 bytes apart)
 //   2  8 lanes a row's 128 contiguous bytes (both blocks), 4 rows a copy
+//   3, 4  map 0 with cp.async's L2 prefetch hint, .L2::256B and .L2::128B: the aligned block
+//      around each copy comes into L2, so the record's other pieces (the other warps') hit
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +30,20 @@
 
 constexpr int kRecord = 576, kHalf = 8192, kListLen = 1 << 22;
 
+// A 16-byte cp.async with L2 prefetch size kPrefetch (0: none).
+template <int kPrefetch>
+__device__ __forceinline__ void copy16(uint32_t dst, const void* src) {
+  if constexpr (kPrefetch == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src)
+                 : "memory");
+  } else if constexpr (kPrefetch == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(src)
+                 : "memory");
+  } else {
+    dsv4::ptx::cp_async_16_zfill(dst, src, true);
+  }
+}
+
 template <int kMap>
 __global__ void gather(const uint8_t* table, const int* lists, int iters, long long* cycles) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -35,8 +51,10 @@ __global__ void gather(const uint8_t* table, const int* lists, int iters, long l
   const uint32_t base = dsv4::ptx::smem_addr(smem + warp * 2 * kHalf);
   const int half = (warp % 4) / 2, sub = warp % 2;
   // Where this warp's first block starts in a record; its second is `apart` bytes further.
-  const int col = kMap == 0 ? (4 * half + sub) * 64 : (4 * half + 2 * sub) * 64;
-  const int apart = kMap == 0 ? 128 : 64;
+  constexpr bool kProducerMap = kMap == 0 || kMap >= 3;
+  constexpr int kPrefetch = kMap == 3 ? 256 : kMap == 4 ? 128 : 0;
+  const int col = kProducerMap ? (4 * half + sub) * 64 : (4 * half + 2 * sub) * 64;
+  const int apart = kProducerMap ? 128 : 64;
   const long long t0 = clock64();
   for (int it = 0; it < iters; ++it) {
     const long long tile_index = static_cast<long long>(blockIdx.x * (warps / 4) + warp / 4) * iters + it;
@@ -62,7 +80,7 @@ __global__ void gather(const uint8_t* table, const int* lists, int iters, long l
         const uint8_t* src = table + static_cast<long long>(r) * kRecord + col + part * 16;
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          dsv4::ptx::cp_async_16_zfill(tile + b * 4096 + row * 64 + part * 16, src + apart * b, true);
+          copy16<kPrefetch>(tile + b * 4096 + row * 64 + part * 16, src + apart * b);
         }
       }
     }
@@ -122,6 +140,8 @@ int main() {
     run<0>(table, lists, cycles, warps, sms);
     run<1>(table, lists, cycles, warps, sms);
     run<2>(table, lists, cycles, warps, sms);
+    run<3>(table, lists, cycles, warps, sms);
+    run<4>(table, lists, cycles, warps, sms);
   }
   return 0;
 }
