@@ -1,6 +1,7 @@
-// What the mqa512 harnesses share (harness.cu, paged.cu): CUDA error checks, random bf16
-// fills, the tensor-map encoder and a (B, S, H, 512) map, an output hash, and the trace buffer of
-// csrc/sm90/shared/trace.cuh with the family's slot names.
+// What the mqa512 harnesses share (harness.cu, paged.cu, the gather benches): CUDA error checks,
+// random bf16 fills, the tensor-map encoder and a (B, S, H, 512) map, an output hash, the trace
+// buffer of csrc/sm90/shared/trace.cuh with the family's slot names, and the gather benches'
+// timed launch.
 #pragma once
 
 #include <cuda.h>
@@ -22,6 +23,33 @@ __global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
     unsigned x = (unsigned)(i * 2654435761u) ^ seed; x ^= x >> 13; x *= 0x5bd1e995; x ^= x >> 15;
     p[i] = __float2bfloat16(((x & 0xffff) / 65536.f - 0.5f) * 3.4f);
   }
+}
+// A gather bench's measurement (gather_bench.cu, paged_gather_bench.cu): launch() once to warm
+// up, then once between events. Returns the timed launch's milliseconds; mean_cycles gets the
+// mean of the n clock64 spans it wrote to `cycles` (one a warp).
+template <typename Launch>
+static float time_warp_spans(Launch launch, const long long* cycles, size_t n,
+                             double& mean_cycles) {
+  launch();
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  CK(cudaEventCreate(&start));
+  CK(cudaEventCreate(&stop));
+  CK(cudaEventRecord(start));
+  launch();
+  CK(cudaEventRecord(stop));
+  CK(cudaEventSynchronize(stop));
+  CK(cudaGetLastError());
+  float ms;
+  CK(cudaEventElapsedTime(&ms, start, stop));
+  CK(cudaEventDestroy(start));
+  CK(cudaEventDestroy(stop));
+  std::vector<long long> spans(n);
+  CK(cudaMemcpy(spans.data(), cycles, n * sizeof(long long), cudaMemcpyDeviceToHost));
+  mean_cycles = 0;
+  for (long long c : spans) mean_cycles += static_cast<double>(c) / n;
+  return ms;
 }
 static PFN_cuTensorMapEncodeTiled_v12000 enc() {
   void* ptr = nullptr; cudaDriverEntryPointQueryResult st;

@@ -7,24 +7,10 @@
 // 0 plain cp.async.cg, 1 with the L2::256B prefetch hint, 2 with it and an evict_last cache
 // policy. Mode 3 is the producer's lane map now (8 lanes per 128-byte block row, 16 rows per
 // lane, unrolled). Mode 4 copies whole 1 KB rows by bulk copies (cp.async.bulk, no swizzle).
-#include <cuda_runtime.h>
-
-#include <cstdint>
-#include <cstdio>
-#include <vector>
-
+#include "common.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/tma.cuh"
-
-#define CK(x)                                                   \
-  do {                                                          \
-    cudaError_t e = (x);                                        \
-    if (e != cudaSuccess) {                                     \
-      printf("CUDA %s: %s\n", #x, cudaGetErrorString(e));       \
-      return 1;                                                 \
-    }                                                           \
-  } while (0)
 
 constexpr int kRows = 64, kRowElems = 512, kHalfBytes = kRows * 256;
 
@@ -112,22 +98,10 @@ int run(const uint16_t* table, int table_rows, const int* lists, long long* cycl
   auto kernel = gather<kMode, kWarps>;
   const int smem = kWarps * kHalfBytes + 8 * kWarps;  // + mode 4's barriers
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<ctas, 32 * kWarps, smem>>>(table, table_rows, lists, iters, cycles);  // warm-up
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t start, stop;
-  CK(cudaEventCreate(&start));
-  CK(cudaEventCreate(&stop));
-  CK(cudaEventRecord(start));
-  kernel<<<ctas, 32 * kWarps, smem>>>(table, table_rows, lists, iters, cycles);
-  CK(cudaEventRecord(stop));
-  CK(cudaEventSynchronize(stop));
-  CK(cudaGetLastError());
-  float ms;
-  CK(cudaEventElapsedTime(&ms, start, stop));
-  std::vector<long long> per_warp(ctas * kWarps);
-  CK(cudaMemcpy(per_warp.data(), cycles, per_warp.size() * 8, cudaMemcpyDeviceToHost));
-  double mean = 0;
-  for (long long c : per_warp) mean += static_cast<double>(c) / per_warp.size();
+  double mean;
+  const float ms = time_warp_spans(
+      [&] { kernel<<<ctas, 32 * kWarps, smem>>>(table, table_rows, lists, iters, cycles); },
+      cycles, size_t(ctas) * kWarps, mean);
   const double bytes = static_cast<double>(ctas) * kWarps * iters * kHalfBytes;
   printf("mode %d, %5d-row table, %d warps per CTA, %3d CTAs: %.0f cycles per 16 KB half (%.1f B/clk per warp), "
          "%.0f GB/s in all\n",

@@ -8,25 +8,9 @@
 //   2  8 lanes a row's 128 contiguous bytes (both blocks), 4 rows a copy
 //   3, 4  map 0 with cp.async's L2 prefetch hint, .L2::256B and .L2::128B: the aligned block
 //      around each copy comes into L2, so the record's other pieces (the other warps') hit
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
+#include "common.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/mbarrier.cuh"
-
-#define CK(x)                                                   \
-  do {                                                          \
-    cudaError_t e = (x);                                        \
-    if (e != cudaSuccess) {                                     \
-      printf("CUDA %s: %s\n", #x, cudaGetErrorString(e));       \
-      exit(1);                                                  \
-    }                                                           \
-  } while (0)
 
 constexpr int kRecord = 576, kHalf = 8192, kListLen = 1 << 22;
 
@@ -95,22 +79,10 @@ void run(const uint8_t* table, const int* lists, long long* cycles, int warps, i
   const int iters = std::min(40, int((kListLen - 64) / (64LL * ctas * std::max(warps / 4, 1))));
   const int smem = warps * 2 * kHalf;
   CK(cudaFuncSetAttribute(gather<kMap>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  gather<kMap><<<ctas, 32 * warps, smem>>>(table, lists, iters, cycles);  // warm-up
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a));
-  gather<kMap><<<ctas, 32 * warps, smem>>>(table, lists, iters, cycles);
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  CK(cudaGetLastError());
-  float ms;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  std::vector<long long> c(ctas * warps);
-  CK(cudaMemcpy(c.data(), cycles, c.size() * 8, cudaMemcpyDeviceToHost));
-  double mean = 0;
-  for (long long x : c) mean += double(x) / c.size();
+  double mean;
+  const float ms = time_warp_spans(
+      [&] { gather<kMap><<<ctas, 32 * warps, smem>>>(table, lists, iters, cycles); }, cycles,
+      size_t(ctas) * warps, mean);
   const double bytes = double(ctas) * warps * iters * kHalf;
   printf("map %d: %2d warps an SM, %3d CTAs: %5.0f cycles a half (%4.1f B/clk a warp, %4.1f an SM), "
          "%5.0f GB/s\n", kMap, warps, ctas, mean / iters, kHalf / (mean / iters),
