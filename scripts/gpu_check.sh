@@ -114,7 +114,8 @@ if [ "$SANITIZE" = 1 ]; then
     for script in scripts/sanitize_fmha.py scripts/sanitize_chunk.py scripts/sanitize_kv_cache.py \
                   scripts/sanitize_indexer.py; do
       echo "---- $script"
-      compute-sanitizer --tool "$1" --error-exitcode 3 python3 "$script" || rc=$?
+      DSV4_SANITIZER_TOOL="$1" compute-sanitizer --tool "$1" --error-exitcode 3 python3 "$script" \
+        || rc=$?
     done
     return $rc
   }

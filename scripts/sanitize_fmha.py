@@ -74,20 +74,33 @@ for narrow in ("1", "0"):
 del os.environ["DSV4_MQA512_NARROW"]
 
 # Tensor-parallel head counts on 64-row tiles of several tokens, each token's rows in turn:
-# CSA at 16 and 32 heads (4 and 2 tokens a tile), HCA at 8 and 32 heads (8 and 2).
+# CSA at 16 and 32 heads (4 and 2 tokens a tile), HCA at 8 and 32 heads (8 and 2). CSA at 32
+# heads splits in two, merged in a cluster. racecheck flags a peer CTA's distributed-shared-
+# memory stores into bytes a cp.async wrote under any barrier, even a whole-cluster one
+# (benchmarks/profile/racecheck/cluster_handoff.cu, modes cp_async_*), so under racecheck that
+# call takes the combine (DSV4_SANITIZER_TOOL, set by scripts/gpu_check.sh) and memcheck keeps
+# the cluster merge.
+RACECHECK = os.environ.get("DSV4_SANITIZER_TOOL") == "racecheck"
 os.environ["DSV4_MQA512_NARROW"] = "0"
 for hq, layer in ((16, "CSA"), (32, "CSA"), (8, "HCA"), (32, "HCA")):
     qh = torch.randn(1, 100, hq, 512, device="cuda", dtype=torch.bfloat16)
     kwh = dict(sinks=torch.randn(hq, device="cuda"), compressed_kv=comp, compress_ratio=4)
     if layer == "CSA":
         kwh["topk_indices"] = topk[:, :100]
+    if RACECHECK and layer == "CSA":
+        os.environ["DSV4_MQA512_SPLIT_MERGE"] = "combine"
+    else:
+        os.environ.pop("DSV4_MQA512_SPLIT_MERGE", None)
     plan = dsv4_attn.launch_plan("dsv4_attention", qh, kv, **kwh)
     assert f"tile={64 // hq}x{hq} " in plan, plan
+    if (layer, hq) == ("CSA", 32):
+        assert f"merge={'combine' if RACECHECK else 'cluster'}" in plan, plan
     out, lse = dsv4_attn.dsv4_attention(qh, kv, return_lse=True, **kwh)
     torch.cuda.synchronize()
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     print(f"sanitize_fmha: dsv4_attention {layer} at {hq} heads ({plan}) ran, outputs finite")
 del os.environ["DSV4_MQA512_NARROW"]
+os.environ.pop("DSV4_MQA512_SPLIT_MERGE", None)
 
 # Split-KV decode: 2 work tiles over 132 SMs, so each key range is cut and combined.
 q = torch.randn(1, 1, 128, 512, device="cuda", dtype=torch.bfloat16)

@@ -14,6 +14,10 @@
 //                      only this one is clean, racecheck records a remote store against the
 //                      storing CTA's own bytes, and a CTA-wide barrier before the stores is
 //                      what it needs
+//   cp_async_cluster_synced  cp_async_shifted with a whole-cluster barrier (barrier.cluster,
+//                      release and acquire) after the local writes instead of the handoff: if
+//                      this one is flagged too, racecheck does not order a CTA's cp.async
+//                      writes before a peer's distributed-shared-memory stores by any barrier
 //   unsynced           the stores with no barrier at all: racecheck must flag this one
 // On an sm_90a device, `bash run.sh` (beside this file) builds it and runs every mode under
 // racecheck, a line each.
@@ -31,14 +35,15 @@ using namespace dsv4;
 constexpr int kThreads = 128;
 struct Mode {
   const char* name;
-  bool cp_async, shifted, local_sync, handoff;
+  bool cp_async, shifted, local_sync, handoff, cluster_synced;
 };
 constexpr Mode kModes[] = {
-    {"cp_async", true, false, false, true},
-    {"cp_async_shifted", true, true, false, true},
-    {"generic_shifted", false, true, false, true},
-    {"cp_async_shifted_synced", true, true, true, true},
-    {"unsynced", true, true, false, false},
+    {"cp_async", true, false, false, true, false},
+    {"cp_async_shifted", true, true, false, true, false},
+    {"generic_shifted", false, true, false, true, false},
+    {"cp_async_shifted_synced", true, true, true, true, false},
+    {"cp_async_cluster_synced", true, true, false, false, true},
+    {"unsynced", true, true, false, false, false},
 };
 
 __global__ void __cluster_dims__(2, 1, 1) handoff(const float4* src, float* out, Mode mode) {
@@ -58,6 +63,7 @@ __global__ void __cluster_dims__(2, 1, 1) handoff(const float4* src, float* out,
     slot[t] = src[t];
   }
   if (mode.local_sync) __syncthreads();
+  if (mode.cluster_synced) ptx::cluster_sync();
   if (mode.handoff) {  // this thread is done with its slot: the peer may store into it
     ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&free_bar), rank ^ 1));
     ptx::mbarrier_wait_cluster(ptx::smem_addr(&free_bar), 0);
@@ -100,5 +106,6 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 2 * kThreads; ++i) held += host[i] == float(1 - i / kThreads);
   printf("cluster_handoff %s: %d of %d slots hold the peer's value\n", mode->name, held,
          2 * kThreads);
-  return held == 2 * kThreads || !mode->handoff ? 0 : 1;
+  const bool ordered = mode->handoff || mode->cluster_synced;
+  return held == 2 * kThreads || !ordered ? 0 : 1;
 }

@@ -8,7 +8,8 @@ bin=${TMPDIR:-/tmp}/cluster_handoff
 nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I../../../csrc cluster_handoff.cu \
   -o "$bin" || exit 1
 printf '%-26s %-10s %s\n' mode hazards result
-for mode in cp_async cp_async_shifted generic_shifted cp_async_shifted_synced unsynced; do
+for mode in cp_async cp_async_shifted generic_shifted cp_async_shifted_synced cp_async_cluster_synced \
+            unsynced; do
   log=$(compute-sanitizer --tool racecheck "$bin" "$mode" 2>&1)
   hazards=$(printf '%s\n' "$log" | sed -n 's/.*RACECHECK SUMMARY: \([0-9]*\) hazard.*/\1/p')
   result=$(printf '%s\n' "$log" | grep '^cluster_handoff' || echo "no result")
