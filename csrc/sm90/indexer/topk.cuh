@@ -52,7 +52,7 @@ struct IndexerKeys {
   }
 };
 
-struct IndexerSelectShared {
+struct alignas(16) IndexerSelectShared {
   uint64_t list[IndexerTopkTraits::kMaxTopk];
   uint32_t hist[IndexerTopkTraits::kBins];
   int candidates[IndexerTopkTraits::kCandidates];
@@ -66,20 +66,27 @@ __device__ __forceinline__ void indexer_count(uint32_t u, uint32_t prefix, uint3
   if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & ((1u << bits) - 1)], 1u);
 }
 
+// Thread t owns bins [8t, 8t + 8): two 16-byte words.
+static_assert(IndexerTopkTraits::kBins == 8 * IndexerTopkTraits::kThreads, "8 bins a thread");
+
 __device__ __forceinline__ void indexer_clear_histogram(IndexerSelectShared& sh) {
-  for (int i = threadIdx.x; i < IndexerTopkTraits::kBins; i += IndexerTopkTraits::kThreads) {
-    sh.hist[i] = 0;
-  }
+  uint4* bins = reinterpret_cast<uint4*>(sh.hist) + 2 * threadIdx.x;
+  bins[0] = bins[1] = make_uint4(0, 0, 0, 0);
 }
 
 // The bin of the histogram holding the need-th largest key (sh.bin; sh.need: how many to take
-// from it; sh.bin_count). Thread t owns bins [8t, 8t + 8): a block-wide suffix sum finds it.
+// from it; sh.bin_count). Thread t owns bins [8t, 8t + 8): a block-wide suffix sum finds it,
+// and only the thread whose bins hold it searches them.
 __device__ __forceinline__ void indexer_find_bin(int need, IndexerSelectShared& sh) {
   using T = IndexerTopkTraits;
+  static_assert(T::kWarps <= 32, "one lane a warp sum");
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  uint32_t local[8], sum = 0;
+  const uint4* bins = reinterpret_cast<const uint4*>(sh.hist) + 2 * tid;
+  const uint4 b0 = bins[0], b1 = bins[1];
+  const uint32_t local[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+  uint32_t sum = 0;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) sum += local[e] = sh.hist[8 * tid + e];
+  for (int e = 0; e < 8; ++e) sum += local[e];
   uint32_t from_here = sum;  // this thread's bins and the warp's higher ones
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
@@ -88,17 +95,21 @@ __device__ __forceinline__ void indexer_find_bin(int need, IndexerSelectShared& 
   }
   if (lane == 0) sh.warp_sum[warp] = from_here;
   __syncthreads();
-  uint32_t above = from_here - sum;
-  for (int w = warp + 1; w < T::kWarps; ++w) above += sh.warp_sum[w];
+  uint32_t higher = lane > warp && lane < T::kWarps ? sh.warp_sum[lane] : 0;  // the warps above
 #pragma unroll
-  for (int e = 7; e >= 0; --e) {
-    const uint32_t un = static_cast<uint32_t>(need);
-    if (above < un && above + local[e] >= un) {
-      sh.bin = 8 * tid + e;
-      sh.need = need - static_cast<int>(above);
-      sh.bin_count = static_cast<int>(local[e]);
+  for (int off = 16; off > 0; off >>= 1) higher += __shfl_xor_sync(0xffffffffu, higher, off);
+  uint32_t above = from_here - sum + higher;
+  const uint32_t un = static_cast<uint32_t>(need);
+  if (above < un && above + sum >= un) {
+#pragma unroll
+    for (int e = 7; e >= 0; --e) {
+      if (above < un && above + local[e] >= un) {
+        sh.bin = 8 * tid + e;
+        sh.need = need - static_cast<int>(above);
+        sh.bin_count = static_cast<int>(local[e]);
+      }
+      above += local[e];
     }
-    above += local[e];
   }
   __syncthreads();
 }
@@ -199,60 +210,94 @@ __device__ __forceinline__ void indexer_select(IndexerKeys all, int n, int topk,
   }
 }
 
-// Ascending bitonic sort of list[0, count) for count <= kThreads, one element per thread:
-// partners within a warp trade through shuffles, farther ones through shared memory.
-__device__ __forceinline__ void indexer_sort_one_per_thread(IndexerSelectShared& sh, int count) {
-  using T = IndexerTopkTraits;
-  const int tid = threadIdx.x;
-  uint64_t v = tid < count ? sh.list[tid] : ~0ull;
+// Ascending bitonic sort of list[0, count) for count <= 128 * kWarps by the first kWarps warps,
+// four entries a thread in registers (thread t: entries 4t to 4t + 3). Partners in one thread
+// compare in place, in one warp through shuffles, farther ones through shared memory (named
+// barrier 1). Each pair is compared once, not by both partners, and a stage takes the warps
+// that hold the list, not all sixteen. The other warps skip it; the caller's barrier follows.
+template <int kWarps>
+__device__ __forceinline__ void indexer_sort_warps(IndexerSelectShared& sh, int count) {
+  constexpr int kPerThread = 4, kThreads = 32 * kWarps, kSize = kPerThread * kThreads;
+  constexpr uint32_t kBarrier = 1;
+  static_assert(kSize <= IndexerTopkTraits::kMaxTopk && kThreads <= IndexerTopkTraits::kThreads,
+                "the list and the CTA hold it");
+  const int t = threadIdx.x;
+  uint64_t v[kPerThread];
+  const auto load = [&](int thread) {  // two 16-byte words
+    const ulonglong2* from = reinterpret_cast<const ulonglong2*>(sh.list + kPerThread * thread);
+    const ulonglong2 a = from[0], b = from[1];
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+  };
+  const auto store = [&]() {
+    ulonglong2* to = reinterpret_cast<ulonglong2*>(sh.list + kPerThread * t);
+    to[0] = make_ulonglong2(v[0], v[1]);
+    to[1] = make_ulonglong2(v[2], v[3]);
+  };
+  load(t);
 #pragma unroll
-  for (int k = 2; k <= T::kThreads; k <<= 1) {
+  for (int e = 0; e < kPerThread; ++e) {
+    if (kPerThread * t + e >= count) v[e] = ~0ull;  // padding sorts last
+  }
+#pragma unroll
+  for (int k = 2; k <= kSize; k <<= 1) {
 #pragma unroll
     for (int j = k >> 1; j > 0; j >>= 1) {
-      uint64_t other;
-      if (j >= 32) {
-        __syncthreads();  // the last stage's reads are done
-        sh.list[tid] = v;
-        __syncthreads();
-        other = sh.list[tid ^ j];
-      } else {
-        other = __shfl_xor_sync(0xffffffffu, v, j);
+      if (j < kPerThread) {
+#pragma unroll
+        for (int e = 0; e < kPerThread; ++e) {
+          if ((e & j) != 0) continue;
+          const bool up = ((kPerThread * t + e) & k) == 0;
+          const uint64_t a = v[e], b = v[e | j];
+          const bool swap = (a > b) == up;
+          v[e] = swap ? b : a;
+          v[e | j] = swap ? a : b;
+        }
+        continue;
       }
-      const bool take_min = ((tid & j) == 0) == ((tid & k) == 0);
-      v = take_min ? (v < other ? v : other) : (v < other ? other : v);
-    }
-  }
-  __syncthreads();
-  sh.list[tid] = v;
-  __syncthreads();
-}
-
-// Ascending bitonic sort of list[0, count), padded to a power of two, for any count.
-__device__ __forceinline__ void indexer_sort(IndexerSelectShared& sh, int count) {
-  using T = IndexerTopkTraits;
-  if (count <= T::kThreads) {
-    indexer_sort_one_per_thread(sh, count);
-    return;
-  }
-  int size = 1;
-  while (size < count) size <<= 1;
-  for (int i = count + threadIdx.x; i < size; i += T::kThreads) sh.list[i] = ~0ull;
-  __syncthreads();
-  for (int k = 2; k <= size; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < size; i += T::kThreads) {
-        const int partner = i ^ j;
-        if (partner > i) {
-          const uint64_t a = sh.list[i], b = sh.list[partner];
-          if ((a > b) == ((i & k) == 0)) {
-            sh.list[i] = b;
-            sh.list[partner] = a;
-          }
+      // Partner thread t ^ tj holds the same e; k > j >= 4, so all four share one direction.
+      const int tj = j / kPerThread;
+      const bool take_min = ((t & tj) == 0) == (((kPerThread * t) & k) == 0);
+      uint64_t other[kPerThread];
+      if (tj < 32) {
+#pragma unroll
+        for (int e = 0; e < kPerThread; ++e) other[e] = __shfl_xor_sync(0xffffffffu, v[e], tj);
+      } else {
+        ptx::named_barrier_sync(kBarrier, kThreads);  // the last exchange's reads are done
+        store();
+        ptx::named_barrier_sync(kBarrier, kThreads);
+        const uint64_t mine[kPerThread] = {v[0], v[1], v[2], v[3]};
+        load(t ^ tj);
+#pragma unroll
+        for (int e = 0; e < kPerThread; ++e) {
+          other[e] = v[e];
+          v[e] = mine[e];
         }
       }
-      __syncthreads();
+#pragma unroll
+      for (int e = 0; e < kPerThread; ++e) {
+        const bool less = v[e] < other[e];
+        v[e] = less == take_min ? v[e] : other[e];
+      }
     }
   }
+  ptx::named_barrier_sync(kBarrier, kThreads);
+  store();
+}
+
+// Ascending sort of list[0, count) (count <= kMaxTopk) by as few warps as hold it.
+__device__ __forceinline__ void indexer_sort(IndexerSelectShared& sh, int count) {
+  static_assert(IndexerTopkTraits::kMaxTopk == 128 * 16, "16 warps hold the longest list");
+  const int warps_needed = count <= 512 ? 4 : count <= 1024 ? 8 : 16;
+  if (static_cast<int>(threadIdx.x) < 32 * warps_needed) {
+    if (warps_needed == 4) {
+      indexer_sort_warps<4>(sh, count);
+    } else if (warps_needed == 8) {
+      indexer_sort_warps<8>(sh, count);
+    } else {
+      indexer_sort_warps<16>(sh, count);
+    }
+  }
+  __syncthreads();
 }
 
 // A workspace row of the chunk and its query: the closed rows' scores and the query's output.
@@ -275,8 +320,10 @@ __device__ __forceinline__ bool indexer_topk_row(const IndexerParams& p, int slo
   return true;
 }
 
-// Grid: one CTA per workspace row of the chunk (chunk_blocks * queries_per_block).
-__global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
+// Grid: one CTA per workspace row of the chunk (chunk_blocks * queries_per_block). Shared
+// memory allows two CTAs an SM; bounding the registers for two (not the default) keeps ptxas
+// from spilling.
+__global__ void __launch_bounds__(IndexerTopkTraits::kThreads, 2)
     indexer_topk_kernel(const IndexerParams p) {
   using T = IndexerTopkTraits;
   extern __shared__ uint32_t staged[];
@@ -298,15 +345,26 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads)
   };
   if (n <= p.smem_keys) {  // whole float4s (rows are 256-byte aligned), then the last few
     const int whole = n & ~3;
-    for (int i = 4 * threadIdx.x; i < whole; i += 4 * T::kThreads) {
-      const float4 v = *reinterpret_cast<const float4*>(scores + i);
-      const uint4 u = make_uint4(indexer_score_key(v.x), indexer_score_key(v.y),
-                                 indexer_score_key(v.z), indexer_score_key(v.w));
-      *reinterpret_cast<uint4*>(staged + i) = u;
-      count_key(u.x);
-      count_key(u.y);
-      count_key(u.z);
-      count_key(u.w);
+    constexpr int kLoads = 4;  // float4s a thread has in flight
+    for (int first = 4 * threadIdx.x; first < whole; first += 4 * T::kThreads * kLoads) {
+      float4 v[kLoads];
+#pragma unroll
+      for (int b = 0; b < kLoads; ++b) {
+        const int i = first + 4 * T::kThreads * b;
+        if (i < whole) v[b] = *reinterpret_cast<const float4*>(scores + i);
+      }
+#pragma unroll
+      for (int b = 0; b < kLoads; ++b) {
+        const int i = first + 4 * T::kThreads * b;
+        if (i >= whole) break;
+        const uint4 u = make_uint4(indexer_score_key(v[b].x), indexer_score_key(v[b].y),
+                                   indexer_score_key(v[b].z), indexer_score_key(v[b].w));
+        *reinterpret_cast<uint4*>(staged + i) = u;
+        count_key(u.x);
+        count_key(u.y);
+        count_key(u.z);
+        count_key(u.w);
+      }
     }
     const int i = whole + static_cast<int>(threadIdx.x);
     if (i < n) {
