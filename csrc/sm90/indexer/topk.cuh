@@ -211,12 +211,15 @@ __device__ __forceinline__ void indexer_select(IndexerKeys all, int n, int topk,
 }
 
 // Ascending bitonic sort of list[0, count) for count <= 128 * kWarps by the first kWarps warps,
-// four entries a thread in registers (thread t: entries 4t to 4t + 3). Partners in one thread
-// compare in place, in one warp through shuffles, farther ones through shared memory (named
-// barrier 1). Each pair is compared once, not by both partners, and a stage takes the warps
-// that hold the list, not all sixteen. The other warps skip it; the caller's barrier follows.
+// four entries a thread in registers (thread t: entries 4t to 4t + 3), whose rows it then
+// writes to out[0, count). Partners in one thread compare in place, in one warp through
+// shuffles, farther ones through shared memory (named barrier 1). Each pair is compared once,
+// not by both partners, and a stage takes the warps that hold the list, not all sixteen. The
+// rows leave from registers: nothing reads the list after the sort, so no CTA-wide barrier
+// follows it.
 template <int kWarps>
-__device__ __forceinline__ void indexer_sort_warps(IndexerSelectShared& sh, int count) {
+__device__ __forceinline__ void indexer_sort_and_write(IndexerSelectShared& sh, int count,
+                                                       int32_t* out) {
   constexpr int kPerThread = 4, kThreads = 32 * kWarps, kSize = kPerThread * kThreads;
   constexpr uint32_t kBarrier = 1;
   static_assert(kSize <= IndexerTopkTraits::kMaxTopk && kThreads <= IndexerTopkTraits::kThreads,
@@ -227,11 +230,6 @@ __device__ __forceinline__ void indexer_sort_warps(IndexerSelectShared& sh, int 
     const ulonglong2* from = reinterpret_cast<const ulonglong2*>(sh.list + kPerThread * thread);
     const ulonglong2 a = from[0], b = from[1];
     v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-  };
-  const auto store = [&]() {
-    ulonglong2* to = reinterpret_cast<ulonglong2*>(sh.list + kPerThread * t);
-    to[0] = make_ulonglong2(v[0], v[1]);
-    to[1] = make_ulonglong2(v[2], v[3]);
   };
   load(t);
 #pragma unroll
@@ -262,8 +260,10 @@ __device__ __forceinline__ void indexer_sort_warps(IndexerSelectShared& sh, int 
 #pragma unroll
         for (int e = 0; e < kPerThread; ++e) other[e] = __shfl_xor_sync(0xffffffffu, v[e], tj);
       } else {
-        ptx::named_barrier_sync(kBarrier, kThreads);  // the last exchange's reads are done
-        store();
+        ptx::named_barrier_sync(kBarrier, kThreads);  // the list and the last exchange are read
+        ulonglong2* to = reinterpret_cast<ulonglong2*>(sh.list + kPerThread * t);
+        to[0] = make_ulonglong2(v[0], v[1]);
+        to[1] = make_ulonglong2(v[2], v[3]);
         ptx::named_barrier_sync(kBarrier, kThreads);
         const uint64_t mine[kPerThread] = {v[0], v[1], v[2], v[3]};
         load(t ^ tj);
@@ -280,24 +280,29 @@ __device__ __forceinline__ void indexer_sort_warps(IndexerSelectShared& sh, int 
       }
     }
   }
-  ptx::named_barrier_sync(kBarrier, kThreads);
-  store();
+#pragma unroll
+  for (int e = 0; e < kPerThread; ++e) {
+    const int i = kPerThread * t + e;
+    if (i < count) out[i] = static_cast<int32_t>(static_cast<uint32_t>(v[e]));
+  }
 }
 
-// Ascending sort of list[0, count) (count <= kMaxTopk) by as few warps as hold it.
-__device__ __forceinline__ void indexer_sort(IndexerSelectShared& sh, int count) {
+// out[0, topk): the rows of list[0, count) (count <= kMaxTopk), best first, sorted by as few
+// warps as hold them, then -1.
+__device__ __forceinline__ void indexer_write_sorted(IndexerSelectShared& sh, int count, int topk,
+                                                     int32_t* out) {
   static_assert(IndexerTopkTraits::kMaxTopk == 128 * 16, "16 warps hold the longest list");
   const int warps_needed = count <= 512 ? 4 : count <= 1024 ? 8 : 16;
   if (static_cast<int>(threadIdx.x) < 32 * warps_needed) {
     if (warps_needed == 4) {
-      indexer_sort_warps<4>(sh, count);
+      indexer_sort_and_write<4>(sh, count, out);
     } else if (warps_needed == 8) {
-      indexer_sort_warps<8>(sh, count);
+      indexer_sort_and_write<8>(sh, count, out);
     } else {
-      indexer_sort_warps<16>(sh, count);
+      indexer_sort_and_write<16>(sh, count, out);
     }
   }
-  __syncthreads();
+  for (int i = count + threadIdx.x; i < topk; i += IndexerTopkTraits::kThreads) out[i] = -1;
 }
 
 // A workspace row of the chunk and its query: the closed rows' scores and the query's output.
@@ -384,10 +389,7 @@ __global__ void __launch_bounds__(IndexerTopkTraits::kThreads, 2)
     count = p.topk;
   }
   __syncthreads();
-  indexer_sort(sh, count);
-  for (int i = threadIdx.x; i < p.topk; i += T::kThreads) {
-    row.out[i] = i < count ? static_cast<int32_t>(static_cast<uint32_t>(sh.list[i])) : -1;
-  }
+  indexer_write_sorted(sh, count, p.topk, row.out);
 }
 
 // Short rows (at most kIndexerWarpTopkRows closed rows, topk at most kIndexerWarpTopkMax), many
