@@ -24,8 +24,8 @@ namespace dsv4 {
 // Every thread of the CTA, once it is done with this CTA's key stages (a consumer: its last
 // wgmma; the producer: its copies landed), tells the other CTA, whose sender will store there:
 // merge_free counts all of them, and each thread releases its own accesses at cluster scope.
-// (compute-sanitizer's racecheck still flags the gathered keys' cp.async writes against the
-// sender's stores, as it did with one arrival after a named barrier: docs/mqa512.md.)
+// (compute-sanitizer's racecheck flags the gathered keys' cp.async writes against the sender's
+// stores under any barrier, a whole-cluster one too: benchmarks/profile/racecheck.)
 template <typename Storage>
 __device__ __forceinline__ void mqa512_release_stages_to_peer(Storage& s, uint32_t rank) {
   ptx::mbarrier_arrive_cluster(ptx::map_to_rank(ptx::smem_addr(&s.merge_free), rank ^ 1));
