@@ -456,14 +456,12 @@ def indexer_cache_rows(k_cache: Tensor, block_table_row: Tensor, n: int) -> Tens
     cache = k_cache.detach().cpu()  # a device copy drops the padding between blocks
     stride = cache.stride(0) if blocks > 1 else rows * 132
     raw = cache.as_strided((blocks, rows * 132), (stride, 1), cache.storage_offset())
-    table = block_table_row.detach().cpu().tolist()
-    out = torch.zeros(n, 128, dtype=torch.float64)
-    for s in range(n):
-        block, r = raw[table[s // rows]], s % rows
-        values = block[128 * r:128 * (r + 1)].view(torch.float8_e4m3fn).to(torch.float64)
-        scale = block[128 * rows + 4 * r:128 * rows + 4 * (r + 1)].clone().view(torch.float32)
-        out[s] = values * scale.to(torch.float64)
-    return out
+    s = torch.arange(n)
+    block = block_table_row.detach().cpu().long()[s // rows, None]
+    r = (s % rows)[:, None]
+    values = raw[block, 128 * r + torch.arange(128)].view(torch.float8_e4m3fn)
+    scale = raw[block, 128 * rows + 4 * r + torch.arange(4)].view(torch.float32)
+    return values.to(torch.float64) * scale.to(torch.float64)
 
 
 def indexer_topk_paged(q: Tensor, k_cache: Tensor, weights: Tensor, positions: Tensor,
