@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Same-call A/B of the indexer's top-k kernels across source trees, without torch: the harness
+# benchmarks/profile/indexer_harness/topk_bench.cu is built against each tree's csrc/ (in
+# parallel, seconds each), then each row runs on every tree in turn, twice. Each run prints the
+# median time of a whole call's top-k launches and a hash of the picks, so the trees' outputs
+# are compared bitwise in the same call (equal hashes).
+#
+#   # here: each tree a source copy (git-ignored; name its folder in the run's carry)
+#   mkdir -p .scratch/trees/base && git archive main csrc | tar -x -C .scratch/trees/base
+#   mkdir -p .scratch/trees/new && cp -r csrc .scratch/trees/new/
+#   # on the GPU machine:
+#   ROWS="65536 gauss 10; 8192 gauss 20" bash benchmarks/ab/ab_topk.sh base new
+#
+# A tree is a directory with csrc/, or a name under .scratch/trees/. A row is topk_bench's
+# arguments ("S dist [reps] [topk] [context] [cta]", its header says what they mean). A tool
+# for choosing between builds, not a test.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+ROWS=${ROWS:-"65536 gauss 10; 65536 ties 10; 131072 gauss 3; 16384 gauss 10 1024; \
+32768 gauss 10 2048; 8192 gauss 20; 8192 gauss 20 512 0 cta; 4096 gauss 20 512 65536"}
+harness=benchmarks/profile/indexer_harness
+declare -A csrc bin
+for t in "$@"; do
+  bin[$t]=/tmp/ab_topk_$(basename "$t")
+  for dir in "$t" ".scratch/trees/$t"; do
+    [ -d "$dir/csrc" ] && csrc[$t]=$(cd "$dir" && pwd)/csrc && break
+  done
+  [ -n "${csrc[$t]:-}" ] || { echo "ab_topk: $t: no csrc/ there or under .scratch/trees/"; exit 2; }
+done
+pids=()
+for t in "$@"; do
+  CSRC=${csrc[$t]} OUTBIN=${bin[$t]} bash "$harness/build.sh" & pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || { echo "ab_topk: a build failed"; exit 1; }; done
+IFS=';' read -ra rows <<< "$ROWS"
+for _ in 1 2; do
+  for row in "${rows[@]}"; do
+    for t in "$@"; do
+      # shellcheck disable=SC2086
+      printf '%-10s %s\n' "$(basename "$t")" "$(${bin[$t]} $row | sed 's/^topk S=//; s/ (median of [0-9]*)//')"
+    done
+  done
+done
