@@ -11,25 +11,30 @@
 #   # on the GPU machine:
 #   ROWS="65536 gauss 10; 8192 gauss 20" bash benchmarks/ab/ab_topk.sh base new
 #
-# A tree is a directory with csrc/, or a name under .scratch/trees/. A row is topk_bench's
-# arguments ("S dist [reps] [topk] [context] [cta]", its header says what they mean). A tool
-# for choosing between builds, not a test.
+# A tree is a directory with csrc/, or a name under .scratch/trees/; one that carries its own
+# benchmarks/profile/indexer_harness/ (a launch that differs) is built with that. A row is
+# topk_bench's arguments ("S dist [reps] [topk] [context] [cta]", its header says what they
+# mean). A tool for choosing between builds, not a test.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 ROWS=${ROWS:-"65536 gauss 10; 65536 ties 10; 131072 gauss 3; 16384 gauss 10 1024; \
 32768 gauss 10 2048; 8192 gauss 20; 8192 gauss 20 512 0 cta; 4096 gauss 20 512 65536"}
 harness=benchmarks/profile/indexer_harness
-declare -A csrc bin
+declare -A csrc bin build
 for t in "$@"; do
   bin[$t]=/tmp/ab_topk_$(basename "$t")
   for dir in "$t" ".scratch/trees/$t"; do
-    [ -d "$dir/csrc" ] && csrc[$t]=$(cd "$dir" && pwd)/csrc && break
+    [ -d "$dir/csrc" ] || continue
+    csrc[$t]=$(cd "$dir" && pwd)/csrc
+    build[$t]=$harness/build.sh
+    [ -f "$dir/$harness/build.sh" ] && build[$t]=$dir/$harness/build.sh
+    break
   done
   [ -n "${csrc[$t]:-}" ] || { echo "ab_topk: $t: no csrc/ there or under .scratch/trees/"; exit 2; }
 done
 pids=()
 for t in "$@"; do
-  CSRC=${csrc[$t]} OUTBIN=${bin[$t]} bash "$harness/build.sh" & pids+=($!)
+  CSRC=${csrc[$t]} OUTBIN=${bin[$t]} bash "${build[$t]}" & pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || { echo "ab_topk: a build failed"; exit 1; }; done
 IFS=';' read -ra rows <<< "$ROWS"
