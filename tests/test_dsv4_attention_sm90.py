@@ -206,8 +206,8 @@ def test_dsv4_sm90_csa_split_merge_with_gathered_keys(monkeypatch, merge):
     """CSA at 32 heads on 64-row tiles of two tokens, each tile's keys cut in two splits: the
     splits merge in a cluster of two CTAs (the other CTA's partial O lands in the key stages the
     gather filled) or by the combine kernel. Against the oracle, and bitwise equal over ten
-    calls, so a race between the gather and the merge's stores would show (racecheck reports
-    that pair; docs/mqa512.md, Next)."""
+    calls, so a race between the gather and the merge's stores would show (racecheck cannot
+    order that pair: docs/mqa512.md, "Two splits merged in a cluster")."""
     monkeypatch.setenv("DSV4_MQA512_NARROW", "0")
     monkeypatch.setenv("DSV4_SPLIT_KV", "2")
     monkeypatch.setenv("DSV4_MQA512_SPLIT_MERGE", merge)
