@@ -119,8 +119,12 @@ int main(int argc, char** argv) {
   CHECK(cudaFuncSetAttribute(indexer_topk_warp_kernel,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              IndexerWarpTopkTraits::kSmemBytes));
-  CHECK(cudaFuncSetAttribute(indexer_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CHECK(cudaFuncSetAttribute(indexer_topk_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kIndexerKeyCapacity * 4));
+  CHECK(cudaFuncSetAttribute(indexer_topk_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kIndexerThreeCtaKeys * 4));
+  const auto topk_kernel =
+      p.smem_keys <= kIndexerThreeCtaKeys ? indexer_topk_kernel<3> : indexer_topk_kernel<2>;
   const auto call = [&]() {
     for (int c = 0; c < num_chunks; ++c) {
       IndexerParams q = p;
@@ -131,7 +135,7 @@ int main(int argc, char** argv) {
         indexer_topk_warp_kernel<<<(rows + W::kWarps - 1) / W::kWarps, W::kThreads,
                                    W::kSmemBytes>>>(q);
       } else {
-        indexer_topk_kernel<<<rows, IndexerTopkTraits::kThreads, p.smem_keys * 4>>>(q);
+        topk_kernel<<<rows, IndexerTopkTraits::kThreads, p.smem_keys * 4>>>(q);
       }
     }
   };

@@ -28,7 +28,10 @@ void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, int devic
                    const at::cuda::CUDAStream& stream, const at::cuda::CUDAStream& side,
                    LaunchScores&& launch_scores) {
   const int topk_smem = plan.smem_keys * 4;
-  allow_dynamic_smem<indexer_topk_kernel>(device, kIndexerKeyCapacity * 4);
+  const auto topk_kernel =
+      plan.smem_keys <= kIndexerThreeCtaKeys ? indexer_topk_kernel<3> : indexer_topk_kernel<2>;
+  allow_dynamic_smem<indexer_topk_kernel<2>>(device, kIndexerKeyCapacity * 4);
+  allow_dynamic_smem<indexer_topk_kernel<3>>(device, kIndexerThreeCtaKeys * 4);
   allow_dynamic_smem<indexer_topk_warp_kernel>(device, IndexerWarpTopkTraits::kSmemBytes);
   const int rows = plan.chunk_blocks * plan.queries_per_block;  // the top-k's queries a chunk
   at::cuda::CUDAEvent fork, join;
@@ -52,8 +55,7 @@ void launch_chunks(const IndexerParams& base, const IndexerPlan& plan, int devic
       launch_kernel(indexer_topk_warp_kernel, (rows + W::kWarps - 1) / W::kWarps, W::kThreads,
                     W::kSmemBytes, on, true, p);
     } else {
-      launch_kernel(indexer_topk_kernel, rows, IndexerTopkTraits::kThreads, topk_smem, on, true,
-                    p);
+      launch_kernel(topk_kernel, rows, IndexerTopkTraits::kThreads, topk_smem, on, true, p);
     }
   }
   if (plan.buffers == 2) {

@@ -32,6 +32,9 @@ inline IndexerChunks indexer_chunks(int64_t total_blocks, int64_t block_bytes) {
 
 constexpr int kIndexerMaxTopk = 2048;       // the top-k CTA's list (topk.cuh)
 constexpr int kIndexerKeyCapacity = 32768;  // keys a top-k CTA stages: 128 KB
+// Calls whose rows stage at most this many keys (32 KB) fit three top-k CTAs an SM by shared
+// memory, and take the CTA bounded to registers for three (topk.cuh).
+constexpr int kIndexerThreeCtaKeys = 8192;
 // Rows at most this long, with topk at most kIndexerWarpTopkMax, take a warp per query (topk.cuh).
 constexpr int kIndexerWarpTopkRows = 2048;
 constexpr int kIndexerWarpTopkMax = 512;

@@ -326,9 +326,12 @@ __device__ __forceinline__ bool indexer_topk_row(const IndexerParams& p, int slo
 }
 
 // Grid: one CTA per workspace row of the chunk (chunk_blocks * queries_per_block). Shared
-// memory allows two CTAs an SM; bounding the registers for two (not the default) keeps ptxas
-// from spilling.
-__global__ void __launch_bounds__(IndexerTopkTraits::kThreads, 2)
+// memory allows kCtasPerSm CTAs an SM (launch.cu's choice: three where the rows stage at most
+// kIndexerThreeCtaKeys keys, else two), and the registers are bounded to match (the default
+// spills). Three where they fit: the top-k of a 32k prompt 1.40 -> 1.25 ms (topk_bench, H200);
+// bounded for three, the longer rows were 1-2% slower than with two.
+template <int kCtasPerSm>
+__global__ void __launch_bounds__(IndexerTopkTraits::kThreads, kCtasPerSm)
     indexer_topk_kernel(const IndexerParams p) {
   using T = IndexerTopkTraits;
   extern __shared__ uint32_t staged[];
