@@ -12,42 +12,19 @@
 //     kernel where the plan would take the warp kernel.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#include "sm90/indexer/topk.cuh"
-
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    cudaError_t e = (x);                                                           \
-    if (e != cudaSuccess) {                                                        \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      exit(1);                                                                     \
-    }                                                                              \
-  } while (0)
+#include "harness.h"
 
 using namespace dsv4;
-
-__device__ float normal(uint64_t i, uint64_t seed) {
-  auto mix = [](uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  const uint64_t a = mix(i * 2 + seed), b = mix(i * 2 + 1 + seed);
-  const float u1 = ((a >> 40) + 1) * (1.0f / 16777217.0f), u2 = (b >> 40) * (1.0f / 16777216.0f);
-  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-}
 
 __global__ void fill(float* x, int64_t n, int dist, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float z = normal(i, seed);
+    const float z = harness::normal(i, seed);
     x[i] = dist == 0 ? 6.0f * z : dist == 1 ? 20.0f + 0.5f * z : rintf(3.0f * z);
   }
 }
@@ -72,18 +49,12 @@ int main(int argc, char** argv) {
   const int reps = argc > 3 ? atoi(argv[3]) : 20;
   const int topk = argc > 4 ? atoi(argv[4]) : 512;
   const int context = argc > 5 ? atoi(argv[5]) : 0;
-  const int ratio = 4, heads = 64, Sc = (context > 0 ? context : S) / ratio;
-  // api.cpp's plan for one dense sequence (the chunking is params.h's indexer_chunks).
-  const int qpb = kIndexerConsumers * kIndexerColumns / heads;
-  const int total_blocks = (S + qpb - 1) / qpb;
-  const int64_t row_stride = (Sc + 63) / 64 * 64;
-  const IndexerChunks chunks = indexer_chunks(total_blocks, int64_t(qpb) * row_stride * 4);
-  const int num_chunks = chunks.num_chunks, chunk_blocks = chunks.chunk_blocks;
+  const int Sc = (context > 0 ? context : S) / 4;
+  const harness::DensePlan plan = harness::dense_plan(S, Sc);
+  const int num_chunks = plan.num_chunks, rows = plan.rows();
+  const int64_t chunk_floats = plan.chunk_floats();
   const bool force_cta = argc > 6 && std::string(argv[6]) == "cta";
-  const bool warp =
-      !force_cta && row_stride <= kIndexerWarpTopkRows && topk <= kIndexerWarpTopkMax;
-  const int rows = chunk_blocks * qpb;
-  const int64_t chunk_floats = int64_t(rows) * row_stride;
+  const bool warp = !force_cta && plan.warp_topk(topk);
 
   std::vector<int32_t> pos(S);
   for (int i = 0; i < S; ++i) pos[i] = context > 0 ? context - 1 : i;
@@ -99,32 +70,8 @@ int main(int argc, char** argv) {
   fill<<<1024, 256>>>(d_scores, chunk_floats * num_chunks, dist, 12345);
   CHECK(cudaGetLastError());
 
-  IndexerParams p{};
-  p.positions = d_pos;
-  p.pos_stride_b = S;
-  p.pos_stride_s = 1;
-  p.row_stride = row_stride;
-  p.out = d_out;
-  p.seq_q = S;
-  p.seq_c = Sc;
-  p.heads = heads;
-  p.topk = topk;
-  p.compress_ratio = ratio;
-  p.queries_per_block = qpb;
-  p.blocks_per_seq = total_blocks;
-  p.total_blocks = total_blocks;
-  p.num_chunks = num_chunks;
-  p.chunk_blocks = chunk_blocks;
-  p.smem_keys = std::min<int>(Sc, kIndexerKeyCapacity);
-  CHECK(cudaFuncSetAttribute(indexer_topk_warp_kernel,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             IndexerWarpTopkTraits::kSmemBytes));
-  CHECK(cudaFuncSetAttribute(indexer_topk_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kIndexerKeyCapacity * 4));
-  CHECK(cudaFuncSetAttribute(indexer_topk_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kIndexerThreeCtaKeys * 4));
-  const auto topk_kernel =
-      p.smem_keys <= kIndexerThreeCtaKeys ? indexer_topk_kernel<3> : indexer_topk_kernel<2>;
+  const IndexerParams p = harness::dense_params(plan, S, Sc, topk, d_pos, d_out);
+  const auto topk_kernel = harness::cta_topk_kernel(plan);
   const auto call = [&]() {
     for (int c = 0; c < num_chunks; ++c) {
       IndexerParams q = p;
@@ -146,24 +93,9 @@ int main(int argc, char** argv) {
   hash_out<<<1, 1>>>(d_out, int64_t(S) * topk, d_hash);
   unsigned long long h = 0;
   CHECK(cudaMemcpy(&h, d_hash, 8, cudaMemcpyDeviceToHost));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < reps; ++r) {
-    CHECK(cudaEventRecord(e0));
-    call();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float t;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
+  const float ms = harness::median_ms(reps, call);
   printf("topk S=%d ctx=%d %s topk=%d kernel=%s chunks=%dx%d: %.4f ms (median of %d) "
          "hash %016llx\n",
-         S, context, argv[2], topk, warp ? "warp" : "cta", num_chunks, rows, ms[ms.size() / 2],
-         reps, h);
+         S, context, argv[2], topk, warp ? "warp" : "cta", num_chunks, rows, ms, reps, h);
   return 0;
 }
