@@ -93,7 +93,8 @@ inline dsv4::IndexerParams dense_params(const DensePlan& d, int S, int Sc, int t
   return p;
 }
 
-// The CTA top-k instantiation launch.cu takes for the plan, its shared-memory limit raised.
+// The CTA top-k instantiation launch.cu takes for the plan; raises the shared-memory limits of
+// both CTA instantiations and of the warp kernel.
 inline void (*cta_topk_kernel(const DensePlan& d))(const dsv4::IndexerParams) {
   using namespace dsv4;
   CHECK(cudaFuncSetAttribute(indexer_topk_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -145,7 +145,7 @@ int run(int S, int reps, bool whole_call, const char* dtype_name) {
   CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
 
-  // Chunk c into buffer c % buffers on that buffer's stream; `after` runs after its scores.
+  // Chunk c's scores into buffer c % buffers on `on`, then (with_topk) its top-k behind them.
   const auto launch_chunk = [&](int c, cudaStream_t on, bool with_topk) {
     IndexerParams q = p;
     q.chunk = c;
